@@ -1,0 +1,15 @@
+# Multi-stage build: a static narwhal binary on a distroless base, run as non-root.
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/narwhal ./cmd/narwhal
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/narwhal /narwhal
+USER 65532:65532
+EXPOSE 9002 18000 9090
+ENTRYPOINT ["/narwhal"]
+CMD ["serve", "--config", "/etc/narwhal/config.yaml"]

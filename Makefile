@@ -1,0 +1,43 @@
+# Narwhal. `make run` starts Narwhal on the embedded default config with the four simulated
+# engines it names; `make test` installs what the checks need and runs them all.
+GO          ?= go
+BIN         := $(CURDIR)/bin
+VERSION     ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS     := -s -w -X main.version=$(VERSION)
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+TEST_FLAGS  ?= -race -count=1 -timeout=30m
+
+.PHONY: all build run test lint fmt vet staticcheck bench clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/narwhal ./cmd/narwhal
+
+run: build
+	./scripts/run-local.sh $(BIN)/narwhal
+
+test: lint
+	$(GO) test $(TEST_FLAGS) ./...
+
+lint: fmt vet staticcheck
+
+fmt:
+	@out=$$(gofmt -l $$(find . -name '*.go' -not -path './bin/*')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+$(BIN)/staticcheck:
+	GOBIN=$(BIN) $(GO) install $(STATICCHECK)
+
+staticcheck: $(BIN)/staticcheck
+	$(BIN)/staticcheck ./...
+
+# Hot-path benchmarks (figures in docs/benchmarks.md).
+bench:
+	$(GO) test -run='^$$' -bench=. -benchmem ./...
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,158 @@
+// Package admin serves Narwhal's admin HTTP API (contract.md, "Admin HTTP"): liveness and
+// readiness, Prometheus metrics, /narwhal/state, and the engine lifecycle and pin calls.
+package admin
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
+)
+
+// Options configure a Server.
+type Options struct {
+	Config   *config.Config
+	Fleet    *fleet.Fleet
+	Gatherer prometheus.Gatherer // served at /metrics
+	Now      func() time.Time    // the clock of state times and fleet changes
+	Start    time.Time           // when the process started (the evidence window opened)
+	Logger   *slog.Logger
+}
+
+// Server is the admin HTTP API. Create it with New; it is ready once SetReady(true).
+type Server struct {
+	o     Options
+	token []byte
+	ready atomic.Bool
+	mux   *http.ServeMux
+}
+
+// New builds the admin server.
+func New(o Options) *Server {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{o: o, token: []byte(o.Config.Admin.Token), mux: http.NewServeMux()}
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { writeText(w, http.StatusOK, "ok") })
+	s.mux.HandleFunc("GET /readyz", s.readyz)
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn)}))
+	s.mux.HandleFunc("GET /narwhal/state", s.state)
+	s.mux.HandleFunc("POST /narwhal/engines/{id}/{action}", s.engineAction)
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// SetReady sets what /readyz answers: ready once the config is loaded and every server
+// listens; not ready again while shutting down.
+func (s *Server) SetReady(ready bool) { s.ready.Store(ready) }
+
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	if !s.ready.Load() {
+		writeText(w, http.StatusServiceUnavailable, "not ready")
+		return
+	}
+	writeText(w, http.StatusOK, "ready")
+}
+
+// Snapshot returns the state as /narwhal/state shows it.
+func (s *Server) Snapshot() State {
+	snap := s.o.Fleet.Snapshot()
+	st := State{
+		Time:           rfc3339(s.o.Now()),
+		Advisory:       s.o.Config.Controller.Advisory,
+		EvidenceWindow: EvidenceWindow{Open: true, OpenedAt: rfc3339(s.o.Start)},
+		Decisions:      []json.RawMessage{},
+	}
+	fleetState(&st, &snap)
+	return st
+}
+
+func (s *Server) state(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, s.Snapshot())
+}
+
+// engineAction serves POST /narwhal/engines/{id}/{drain|undrain|pin|unpin}.
+func (s *Server) engineAction(w http.ResponseWriter, r *http.Request) {
+	if !s.authorized(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="narwhal"`)
+		writeError(w, http.StatusUnauthorized, "unauthorized", "this call needs Authorization: Bearer <admin.token>")
+		return
+	}
+	id, action := r.PathValue("id"), r.PathValue("action")
+	now := s.o.Now()
+	var (
+		e   fleet.Engine
+		err error
+	)
+	switch action {
+	case "drain":
+		e, err = s.o.Fleet.Drain(id, now, "admin")
+	case "undrain":
+		e, err = s.o.Fleet.Undrain(id, now, "admin")
+	case "pin":
+		e, err = s.o.Fleet.SetPinned(id, true, now, "admin")
+	case "unpin":
+		e, err = s.o.Fleet.SetPinned(id, false, now, "admin")
+	default:
+		writeError(w, http.StatusNotFound, "not_found", "unknown action "+quote(action)+"; want drain, undrain, pin or unpin")
+		return
+	}
+	switch {
+	case errors.Is(err, fleet.ErrUnknownEngine):
+		writeError(w, http.StatusNotFound, "unknown_engine", "no engine "+quote(id))
+	case errors.Is(err, fleet.ErrTransition):
+		writeError(w, http.StatusConflict, "conflict", err.Error())
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, "internal", err.Error())
+	default:
+		s.o.Logger.Info("admin", "action", action, "engine", id, "remote", r.RemoteAddr)
+		writeJSON(w, http.StatusOK, engineState(&e))
+	}
+}
+
+// authorized checks the bearer token in constant time; with no token configured every call is.
+func (s *Server) authorized(r *http.Request) bool {
+	if len(s.token) == 0 {
+		return true
+	}
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(got), s.token) == 1
+}
+
+func quote(s string) string { b, _ := json.Marshal(s); return string(b) }
+
+func writeText(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(code)
+	_, _ = w.Write([]byte(msg + "\n"))
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// writeError writes an OpenAI-style error, the shape every Narwhal error body has.
+func writeError(w http.ResponseWriter, code int, kind, msg string) {
+	type body struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+	}
+	writeJSON(w, code, map[string]body{"error": {Message: msg, Type: kind, Code: kind}})
+}

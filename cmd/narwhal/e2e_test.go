@@ -1,0 +1,386 @@
+package main
+
+// End-to-end tests of the narwhal binary: built once, run as real processes against real
+// enginesim processes on loopback.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+)
+
+var narwhalBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "narwhal-e2e")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	narwhalBin = filepath.Join(dir, "narwhal")
+	build := exec.Command("go", "build", "-o", narwhalBin, ".")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build narwhal:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// freeAddrs returns n loopback addresses that were free a moment ago.
+func freeAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	var out []string
+	var lns []net.Listener
+	for i := 0; i < n; i++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		out = append(out, ln.Addr().String())
+	}
+	for _, ln := range lns {
+		_ = ln.Close()
+	}
+	return out
+}
+
+// proc is a started narwhal process whose output is kept for failure messages.
+type proc struct {
+	cmd *exec.Cmd
+	out *syncBuffer
+}
+
+func start(t *testing.T, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(narwhalBin, args...)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, out: out}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("narwhal %s output:\n%s", strings.Join(args, " "), out.String())
+		}
+	})
+	return p
+}
+
+// stop sends SIGTERM and returns the exit code and how long the process took to exit.
+func (p *proc) stop(t *testing.T) (int, time.Duration) {
+	t.Helper()
+	begin := time.Now()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-done
+		t.Fatalf("process ignored SIGTERM for 30 s")
+	}
+	return p.cmd.ProcessState.ExitCode(), time.Since(begin)
+}
+
+func writeConfig(t *testing.T, yaml string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "narwhal.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// e2eConfig is a config for four engines at the given addresses, with fast health timing.
+func e2eConfig(admin, extproc, xds string, engines []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "listen: {admin: %q, extproc: %q, xds: %q}\n", admin, extproc, xds)
+	b.WriteString("health: {interval_s: 0.1, timeout_s: 0.1, unhealthy_after: 3, healthy_after: 3, recover_s: 0.5}\n")
+	b.WriteString("shutdown_grace_s: 5\nengines:\n")
+	for i, a := range engines {
+		role := "prefill"
+		if i >= len(engines)/2 {
+			role = "decode"
+		}
+		fmt.Fprintf(&b, "  - {id: e%d, address: %q, role: %s}\n", i+1, a, role)
+	}
+	return b.String()
+}
+
+type engineView struct {
+	ID        string `json:"id"`
+	Role      string `json:"role"`
+	Lifecycle string `json:"lifecycle"`
+}
+
+type stateView struct {
+	Split   struct{ Prefill, Decode int } `json:"split"`
+	Engines []engineView                  `json:"engines"`
+}
+
+func getState(admin string) (stateView, error) {
+	var st stateView
+	resp, err := http.Get("http://" + admin + "/narwhal/state")
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return st, fmt.Errorf("state: %s", resp.Status)
+	}
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+// waitFor polls the state until cond holds; it fails the test after limit.
+func waitFor(t *testing.T, admin string, limit time.Duration, what string, cond func(stateView) bool) stateView {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	var last stateView
+	var err error
+	for time.Now().Before(deadline) {
+		if last, err = getState(admin); err == nil && cond(last) {
+			return last
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %v (last state %+v, err %v)", what, limit, last, err)
+	return last
+}
+
+func lifecycleOf(st stateView, id string) string {
+	for _, e := range st.Engines {
+		if e.ID == id {
+			return e.Lifecycle
+		}
+	}
+	return ""
+}
+
+func startEngine(t *testing.T, addr, role string) *proc {
+	t.Helper()
+	p := start(t, "enginesim", "--listen", addr, "--role", role)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get("http://" + addr + "/health"); err == nil {
+			resp.Body.Close()
+			return p
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("enginesim on %s did not come up", addr)
+	return nil
+}
+
+// TestServeHealthEndToEnd runs narwhal serve against four enginesim processes, kills one, and
+// restarts it: the engine is failed within unhealthy_after × interval_s (+ one interval, plus
+// a margin for a loaded machine), then comes back through recovering to active.
+func TestServeHealthEndToEnd(t *testing.T) {
+	addrs := freeAddrs(t, 7)
+	admin, engines := addrs[0], addrs[3:]
+	procs := make([]*proc, len(engines))
+	for i, a := range engines {
+		role := map[bool]string{true: "prefill", false: "decode"}[i < 2]
+		procs[i] = startEngine(t, a, role)
+	}
+	srv := start(t, "serve", "--config", writeConfig(t, e2eConfig(admin, addrs[1], addrs[2], engines)))
+	st := waitFor(t, admin, 10*time.Second, "four active engines", func(s stateView) bool {
+		n := 0
+		for _, e := range s.Engines {
+			if e.Lifecycle == "active" {
+				n++
+			}
+		}
+		return n == 4
+	})
+	if st.Split.Prefill != 2 || st.Split.Decode != 2 {
+		t.Fatalf("split %+v, want 2/2", st.Split)
+	}
+
+	// Kill e3 (SIGKILL: no goodbye) and time how long narwhal takes to call it failed.
+	_ = procs[2].cmd.Process.Kill()
+	_ = procs[2].cmd.Wait()
+	killed := time.Now()
+	waitFor(t, admin, 5*time.Second, "e3 failed", func(s stateView) bool { return lifecycleOf(s, "e3") == "failed" })
+	took := time.Since(killed)
+	// unhealthy_after × interval_s + one interval = 0.4 s; real processes on a shared machine
+	// get 1 s of margin (the exact bound is asserted in virtual time in package controller).
+	if took > 1400*time.Millisecond {
+		t.Fatalf("e3 failed %v after it died, want about 0.4 s", took)
+	}
+	if st, _ := getState(admin); st.Split.Decode != 1 || lifecycleOf(st, "e4") != "active" {
+		t.Fatalf("after e3 failed: %+v", st)
+	}
+
+	// Restart it on the same address: recovering, then active.
+	procs[2] = startEngine(t, engines[2], "decode")
+	waitFor(t, admin, 5*time.Second, "e3 recovering", func(s stateView) bool {
+		l := lifecycleOf(s, "e3")
+		return l == "recovering" || l == "active"
+	})
+	waitFor(t, admin, 5*time.Second, "e3 active again", func(s stateView) bool { return lifecycleOf(s, "e3") == "active" })
+
+	if code, took := srv.stop(t); code != 0 || took > 5*time.Second {
+		t.Fatalf("serve exited %d after %v on SIGTERM, want 0 within shutdown_grace_s", code, took)
+	}
+	if !strings.Contains(srv.out.String(), `to=failed`) || !strings.Contains(srv.out.String(), `to=recovering`) {
+		t.Fatalf("the log does not show the lifecycle changes:\n%s", srv.out.String())
+	}
+}
+
+func TestServeErrors(t *testing.T) {
+	// Port already in use: one clear line, exit 1.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	addrs := freeAddrs(t, 3)
+	cfg := writeConfig(t, e2eConfig(ln.Addr().String(), addrs[0], addrs[1], []string{addrs[2]})+"controller: {min_prefill: 0, min_decode: 1}\n")
+	out, code := runBin(t, "serve", "--config", cfg)
+	if code != 1 || !strings.Contains(out, "listen.admin "+ln.Addr().String()) || !strings.Contains(out, "address already in use") {
+		t.Fatalf("port in use: exit %d, output %q", code, out)
+	}
+	if lines := strings.Count(strings.TrimSpace(out), "\n") + 1; lines != 1 {
+		t.Fatalf("port in use printed %d lines:\n%s", lines, out)
+	}
+	// Unreadable config: exit 2.
+	out, code = runBin(t, "serve", "--config", filepath.Join(t.TempDir(), "missing.yaml"))
+	if code != 2 || !strings.Contains(out, "missing.yaml") {
+		t.Fatalf("missing config: exit %d, output %q", code, out)
+	}
+}
+
+func runBin(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, narwhalBin, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if err != nil && cmd.ProcessState == nil {
+		t.Fatal(err)
+	}
+	return out.String(), cmd.ProcessState.ExitCode()
+}
+
+func TestValidateCommand(t *testing.T) {
+	if out, code := runBin(t, "validate"); code != 0 || strings.TrimSpace(out) != "ok" {
+		t.Fatalf("validate (embedded default): exit %d, %q", code, out)
+	}
+	bad := writeConfig(t, "controller:\n  thresholds:\n    dwell_s: -5\nrouter:\n  pathz: []\n")
+	out, code := runBin(t, "validate", "--config", bad)
+	if code != 2 {
+		t.Fatalf("bad config: exit %d, output %q", code, out)
+	}
+	for _, want := range []string{"controller.thresholds.dwell_s: must be >= 0, got -5", "router.pathz: unknown key"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if out, code := runBin(t, "version"); code != 0 || !strings.HasPrefix(out, "narwhal ") {
+		t.Fatalf("version: %d %q", code, out)
+	}
+	if _, code := runBin(t, "serve", "--no-such-flag"); code != 2 {
+		t.Fatalf("unknown flag: exit %d, want 2", code)
+	}
+}
+
+// TestRunScriptMatchesDefault keeps scripts/run-local.sh (what `make run` starts) in step with
+// the engines of the embedded default config.
+func TestRunScriptMatchesDefault(t *testing.T) {
+	cfg, err := config.LoadDefault()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open("../../scripts/run-local.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var got []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if strings.HasPrefix(line, `"e`) {
+			got = append(got, strings.Trim(line, `"`))
+		}
+	}
+	var want []string
+	for _, e := range cfg.Engines {
+		want = append(want, e.ID+" "+e.Address+" "+e.Role)
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("run-local.sh starts\n%s\nbut the embedded default names\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestRunScript runs what `make run` runs: the script brings up narwhal and the four engines of
+// the embedded default on their fixed ports, /narwhal/state shows four active engines (2
+// prefill, 2 decode), and an interrupt stops every process.
+func TestRunScript(t *testing.T) {
+	cmd := exec.Command("../../scripts/run-local.sh", narwhalBin)
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // whatever is left of the group
+		if t.Failed() {
+			t.Logf("run-local.sh output:\n%s", out.String())
+		}
+	})
+	st := waitFor(t, "127.0.0.1:9090", 20*time.Second, "make run: four active engines", func(s stateView) bool {
+		n := 0
+		for _, e := range s.Engines {
+			if e.Lifecycle == "active" {
+				n++
+			}
+		}
+		return n == 4
+	})
+	if st.Split.Prefill != 2 || st.Split.Decode != 2 {
+		t.Fatalf("split %+v, want 2/2", st.Split)
+	}
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(40 * time.Second):
+		t.Fatal("run-local.sh did not stop on SIGINT")
+	}
+	// Every process is gone: the ports are free again.
+	for _, a := range []string{"127.0.0.1:9090", "127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003", "127.0.0.1:8004"} {
+		ln, err := net.Listen("tcp", a)
+		if err != nil {
+			t.Fatalf("%s still in use after the script stopped: %v", a, err)
+		}
+		_ = ln.Close()
+	}
+}

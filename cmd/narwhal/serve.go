@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/narwhal-llm/narwhal/admin"
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/fleet"
+)
+
+func newServe(g *globalFlags, stderr io.Writer) *cobra.Command {
+	var path string
+	cmd := &cobra.Command{
+		Use:   "serve [--config FILE]",
+		Short: "Run Narwhal until SIGINT/SIGTERM (the embedded default config without --config)",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			log, err := g.logger(stderr)
+			if err != nil {
+				return err
+			}
+			cfg, err := loadConfig(path)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return serve(ctx, cfg, log)
+		},
+	}
+	cmd.Flags().StringVar(&path, "config", "", "config file (YAML)")
+	return cmd
+}
+
+// serve runs Narwhal on a validated config until ctx is done, then shuts down within
+// shutdown_grace_s. Listeners open first, so that a port in use fails before anything runs.
+func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
+	adminLn, err := net.Listen("tcp", cfg.Listen.Admin)
+	if err != nil {
+		return failureErr(fmt.Errorf("listen.admin %s: %w", cfg.Listen.Admin, unwrapOp(err)))
+	}
+	start := time.Now()
+	f, err := fleet.New(cfg, start)
+	if err != nil {
+		_ = adminLn.Close()
+		return usageErr(err)
+	}
+	f.OnChange(func(ev fleet.Event) {
+		log.Info("fleet change", "version", ev.Version, "kind", ev.Kind, "engine", ev.Engine,
+			"from", ev.From, "to", ev.To, "pinned", ev.Pinned, "drained", ev.Held, "cause", ev.Cause)
+	})
+	reg := prometheus.NewRegistry()
+	metrics := admin.NewMetrics(reg, f, version)
+	adm := admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log})
+	adminSrv := &http.Server{Handler: adm, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+
+	prober := &controller.HTTPProber{
+		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: 30 * time.Second}},
+		Path:   cfg.Health.Path,
+	}
+	monitor := controller.NewMonitor(cfg.Health, f, prober, controller.RealClock{}, metrics, log)
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 1)
+	wg.Go(func() {
+		if err := adminSrv.Serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
+			select {
+			case errc <- fmt.Errorf("admin server: %w", err):
+			default:
+			}
+		}
+	})
+	wg.Go(func() { _ = monitor.Run(runCtx) })
+	adm.SetReady(true)
+	p, d := countRoles(cfg)
+	log.Info("narwhal serving", "version", version, "admin", adminLn.Addr().String(),
+		"engines", len(cfg.Engines), "prefill", p, "decode", d)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "grace_s", cfg.ShutdownGraceS)
+	case runErr = <-errc:
+		log.Error("shutting down", "err", runErr)
+	}
+	adm.SetReady(false)
+	grace, cancelGrace := context.WithTimeout(context.Background(), config.Seconds(cfg.ShutdownGraceS))
+	defer cancelGrace()
+	if err := adminSrv.Shutdown(grace); err != nil {
+		_ = adminSrv.Close()
+	}
+	cancel()
+	wg.Wait()
+	if runErr != nil {
+		return failureErr(runErr)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+func countRoles(cfg *config.Config) (prefill, decode int) {
+	for _, e := range cfg.Engines {
+		if e.Role == config.RolePrefill {
+			prefill++
+		} else {
+			decode++
+		}
+	}
+	return prefill, decode
+}
+
+// unwrapOp drops net.OpError's repetition of the address: "bind: address already in use".
+func unwrapOp(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return op.Err
+	}
+	return err
+}

@@ -1,0 +1,242 @@
+// Package config holds Narwhal's configuration schema, its defaults, the embedded default
+// config and strict validation. Every key has a default; durations are seconds as numbers
+// in keys ending in _s. Names are fixed by the contract (shared/design/contract.md).
+package config
+
+import "time"
+
+// DefaultProfileName names the measured profile the embedded default ships: Llama-3.1-8B-FP8
+// on one H200 with vLLM (TP1), fitted to the profiling data published with NVIDIA Dynamo.
+const DefaultProfileName = "llama-3.1-8b-fp8-h200"
+
+// Role names, as they appear in the config and everywhere in the contract.
+const (
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+)
+
+// Config is the whole Narwhal configuration.
+type Config struct {
+	Listen         Listen             `yaml:"listen" json:"listen"`
+	Admin          Admin              `yaml:"admin" json:"admin"`
+	SLO            SLO                `yaml:"slo" json:"slo"`
+	Router         Router             `yaml:"router" json:"router"`
+	Controller     Controller         `yaml:"controller" json:"controller"`
+	Health         Health             `yaml:"health" json:"health"`
+	XDS            XDS                `yaml:"xds" json:"xds"`
+	ShutdownGraceS float64            `yaml:"shutdown_grace_s" json:"shutdown_grace_s"`
+	Sim            Sim                `yaml:"sim" json:"sim"`
+	Profiles       map[string]Profile `yaml:"profiles" json:"profiles"`
+	Engines        []Engine           `yaml:"engines" json:"engines"`
+}
+
+// Listen holds the addresses Narwhal's servers bind to.
+type Listen struct {
+	ExtProc string `yaml:"extproc" json:"extproc"`
+	XDS     string `yaml:"xds" json:"xds"`
+	Admin   string `yaml:"admin" json:"admin"`
+}
+
+// Admin configures the admin HTTP API.
+type Admin struct {
+	// Token, when set, is required as "Authorization: Bearer <token>" on mutating calls.
+	Token string `yaml:"token" json:"-"`
+}
+
+// SLO is the service-level objective every projection is priced against.
+type SLO struct {
+	TTFTS float64 `yaml:"ttft_s" json:"ttft_s"`
+	TPOTS float64 `yaml:"tpot_s" json:"tpot_s"`
+}
+
+// Router configures the data path: paths, body limits, the waiting set and placement.
+type Router struct {
+	Paths               []string       `yaml:"paths" json:"paths"`
+	BodyLimitBytes      int64          `yaml:"body_limit_bytes" json:"body_limit_bytes"`
+	WaitingSet          WaitingSet     `yaml:"waiting_set" json:"waiting_set"`
+	Admission           Admission      `yaml:"admission" json:"admission"`
+	Demand              Demand         `yaml:"demand" json:"demand"`
+	DefaultOutputTokens int            `yaml:"default_output_tokens" json:"default_output_tokens"`
+	FirstTokenTimeoutS  float64        `yaml:"first_token_timeout_s" json:"first_token_timeout_s"`
+	Handoff             string         `yaml:"handoff" json:"handoff"`
+	Sizing              Sizing         `yaml:"sizing" json:"sizing"`
+	PrefixAffinity      PrefixAffinity `yaml:"prefix_affinity" json:"prefix_affinity"`
+}
+
+// Handoff directions (router.handoff).
+const (
+	HandoffDecode  = "decode"  // Envoy sends to the decode engine, which pulls prefill (llm-d convention)
+	HandoffPrefill = "prefill" // Envoy sends to the prefill engine, which pushes to the named decoder
+)
+
+// Sizing methods (router.sizing.method).
+const (
+	SizingBytes = "bytes"
+	SizingBPE   = "bpe"
+)
+
+// WaitingSet bounds the FIFO of admitted offers not yet dispatched.
+type WaitingSet struct {
+	Capacity int     `yaml:"capacity" json:"capacity"`
+	MaxWaitS float64 `yaml:"max_wait_s" json:"max_wait_s"`
+}
+
+// Admission configures predictive admission.
+type Admission struct {
+	// RejectRatio > 0 rejects offers whose best projected TTFT exceeds RejectRatio × slo.ttft_s.
+	RejectRatio float64 `yaml:"reject_ratio" json:"reject_ratio"`
+}
+
+// Demand sets the horizons of the short and long demand estimates.
+type Demand struct {
+	ShortHorizonS float64 `yaml:"short_horizon_s" json:"short_horizon_s"`
+	LongHorizonS  float64 `yaml:"long_horizon_s" json:"long_horizon_s"`
+}
+
+// Sizing selects how prompts are sized locally.
+type Sizing struct {
+	Method string `yaml:"method" json:"method"`
+}
+
+// PrefixAffinity configures the prompt-prefix affinity index.
+type PrefixAffinity struct {
+	Enabled     bool `yaml:"enabled" json:"enabled"`
+	BlockTokens int  `yaml:"block_tokens" json:"block_tokens"`
+	Entries     int  `yaml:"entries" json:"entries"`
+}
+
+// Controller configures role control (shared/design/role-control.md).
+type Controller struct {
+	Advisory   bool       `yaml:"advisory" json:"advisory"`
+	MinPrefill int        `yaml:"min_prefill" json:"min_prefill"`
+	MinDecode  int        `yaml:"min_decode" json:"min_decode"`
+	Monitor    Monitor    `yaml:"monitor" json:"monitor"`
+	Profile    ProfileFit `yaml:"profile" json:"profile"`
+	Reactive   Reactive   `yaml:"reactive" json:"reactive"`
+	Thresholds Thresholds `yaml:"thresholds" json:"thresholds"`
+}
+
+// Monitor sets the cadence of floor repair passes.
+type Monitor struct {
+	IntervalS float64 `yaml:"interval_s" json:"interval_s"`
+}
+
+// ProfileFit sets how many observations an engine needs before its correction counts.
+type ProfileFit struct {
+	MinSamples int `yaml:"min_samples" json:"min_samples"`
+}
+
+// Reactive sets the cadence of evaluations and the arrival-evidence window.
+type Reactive struct {
+	StepS               float64 `yaml:"step_s" json:"step_s"`
+	UrgentDelayS        float64 `yaml:"urgent_delay_s" json:"urgent_delay_s"`
+	EvidenceSpanS       float64 `yaml:"evidence_span_s" json:"evidence_span_s"`
+	EvidenceMinArrivals int     `yaml:"evidence_min_arrivals" json:"evidence_min_arrivals"`
+	EvidenceMaxSpanS    float64 `yaml:"evidence_max_span_s" json:"evidence_max_span_s"`
+}
+
+// Thresholds holds the pressure thresholds and gates of role moves.
+type Thresholds struct {
+	Expand            float64    `yaml:"expand" json:"expand"`
+	Shrink            float64    `yaml:"shrink" json:"shrink"`
+	ConfirmPasses     int        `yaml:"confirm_passes" json:"confirm_passes"`
+	MinGain           float64    `yaml:"min_gain" json:"min_gain"`
+	TrendTolerance    float64    `yaml:"trend_tolerance" json:"trend_tolerance"`
+	CooldownS         float64    `yaml:"cooldown_s" json:"cooldown_s"`
+	DwellS            float64    `yaml:"dwell_s" json:"dwell_s"`
+	FlipResidentGuard int        `yaml:"flip_resident_guard" json:"flip_resident_guard"`
+	OpenWindow        OpenWindow `yaml:"open_window" json:"open_window"`
+}
+
+// OpenWindow holds the thresholds used while the arrival-evidence window is open.
+type OpenWindow struct {
+	Expand float64 `yaml:"expand" json:"expand"`
+	Shrink float64 `yaml:"shrink" json:"shrink"`
+}
+
+// Health configures the engine health monitor.
+type Health struct {
+	Path           string  `yaml:"path" json:"path"`
+	IntervalS      float64 `yaml:"interval_s" json:"interval_s"`
+	TimeoutS       float64 `yaml:"timeout_s" json:"timeout_s"`
+	UnhealthyAfter int     `yaml:"unhealthy_after" json:"unhealthy_after"`
+	HealthyAfter   int     `yaml:"healthy_after" json:"healthy_after"`
+	RecoverS       float64 `yaml:"recover_s" json:"recover_s"`
+}
+
+// XDS configures the resources Narwhal publishes to Envoy.
+type XDS struct {
+	ClusterPrefix string `yaml:"cluster_prefix" json:"cluster_prefix"`
+}
+
+// Sim is read only by `narwhal sim`.
+type Sim struct {
+	NoiseSigma float64 `yaml:"noise_sigma" json:"noise_sigma"`
+	Truth      Truth   `yaml:"truth" json:"truth"`
+	Faults     []Fault `yaml:"faults" json:"faults"`
+}
+
+// Truth scales the true speed of simulated engines relative to their profiles.
+type Truth struct {
+	PrefillScale float64 `yaml:"prefill_scale" json:"prefill_scale"`
+	DecodeScale  float64 `yaml:"decode_scale" json:"decode_scale"`
+}
+
+// Fault is one scheduled fault in a simulation.
+type Fault struct {
+	AtS    float64 `yaml:"at_s" json:"at_s"`
+	Engine string  `yaml:"engine" json:"engine"`
+	Kind   string  `yaml:"kind" json:"kind"` // fail, recover, drain, undrain
+}
+
+// Profile is the measured curves of one engine class. A profile may lack the curve of a
+// phase (an engine class that only prefills, say); an engine then cannot hold that role.
+type Profile struct {
+	Prefill            *PrefillCurve `yaml:"prefill" json:"prefill,omitempty"`
+	PrefillConcurrency int           `yaml:"prefill_concurrency" json:"prefill_concurrency"`
+	Decode             *DecodeCurve  `yaml:"decode" json:"decode,omitempty"`
+	KVTransferS        float64       `yaml:"kv_transfer_s" json:"kv_transfer_s"`
+}
+
+// PrefillCurve gives the seconds to prefill one prompt of N tokens alone:
+// BaseS + PerTokenS·N + PerToken2S·N².
+type PrefillCurve struct {
+	BaseS      float64 `yaml:"base_s" json:"base_s"`
+	PerTokenS  float64 `yaml:"per_token_s" json:"per_token_s"`
+	PerToken2S float64 `yaml:"per_token2_s" json:"per_token2_s"`
+	MaxTokens  int     `yaml:"max_tokens" json:"max_tokens"` // profiled range (coverage)
+}
+
+// Seconds is the profiled prefill time of one prompt of n tokens.
+func (c *PrefillCurve) Seconds(n int) float64 {
+	x := float64(n)
+	return c.BaseS + c.PerTokenS*x + c.PerToken2S*x*x
+}
+
+// DecodeCurve gives the seconds per output token per stream:
+// BaseS + PerStreamS·streams + PerKVTokenS·kvTokens.
+type DecodeCurve struct {
+	BaseS       float64 `yaml:"base_s" json:"base_s"`
+	PerStreamS  float64 `yaml:"per_stream_s" json:"per_stream_s"`
+	PerKVTokenS float64 `yaml:"per_kv_token_s" json:"per_kv_token_s"`
+	MaxStreams  int     `yaml:"max_streams" json:"max_streams"`
+	MaxKVTokens int     `yaml:"max_kv_tokens" json:"max_kv_tokens"`
+}
+
+// StepSeconds is the profiled duration of one decode step (one token for every resident
+// stream) with the given number of streams and KV tokens resident.
+func (c *DecodeCurve) StepSeconds(streams, kvTokens int) float64 {
+	return c.BaseS + c.PerStreamS*float64(streams) + c.PerKVTokenS*float64(kvTokens)
+}
+
+// Engine is one model server as configured.
+type Engine struct {
+	ID      string `yaml:"id" json:"id"`
+	Address string `yaml:"address" json:"address"`
+	Role    string `yaml:"role" json:"role"`
+	Profile string `yaml:"profile" json:"profile"`
+	Pinned  bool   `yaml:"pinned" json:"pinned"`
+}
+
+// Seconds converts a config duration in seconds to a time.Duration.
+func Seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

@@ -1,0 +1,90 @@
+package controller
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
+)
+
+// Health is the deterministic core of the health monitor: it turns probe results, each with the
+// time it was seen, into lifecycle transitions of the fleet (role-control.md section 8):
+//
+//   - an active engine fails after health.unhealthy_after consecutive failed probes;
+//   - a failed engine, or one an operator undrained, becomes recovering after
+//     health.healthy_after consecutive successful probes (counted from the undrain);
+//   - a recovering engine whose probe succeeds health.recover_s or more after it began
+//     recovering is readmitted (active); one failed probe while recovering fails it again;
+//   - an engine an operator holds drained keeps draining whatever its probes say.
+//
+// It keeps only the consecutive-result streaks. It is not safe for concurrent use.
+type Health struct {
+	cfg     config.Health
+	fleet   *fleet.Fleet
+	streaks map[string]*streak
+}
+
+type streak struct{ ok, failed int }
+
+// NewHealth returns the health core for a fleet.
+func NewHealth(cfg config.Health, f *fleet.Fleet) *Health {
+	return &Health{cfg: cfg, fleet: f, streaks: map[string]*streak{}}
+}
+
+// Observe applies one probe result of engine id seen at now. It returns the transition it made
+// (to is zero when none) or an error when the engine is unknown or the fleet refused the change
+// (an operator drained it in between, say).
+func (h *Health) Observe(now time.Time, id string, ok bool) (to fleet.Lifecycle, err error) {
+	e, found := h.fleet.Engine(id)
+	if !found {
+		return 0, fmt.Errorf("%w %q", fleet.ErrUnknownEngine, id)
+	}
+	s := h.streaks[id]
+	if s == nil {
+		s = &streak{}
+		h.streaks[id] = s
+	}
+	if ok {
+		s.ok, s.failed = s.ok+1, 0
+	} else {
+		s.ok, s.failed = 0, s.failed+1
+	}
+	if e.Held {
+		*s = streak{}
+		return 0, nil
+	}
+	to = h.next(&e, s, now)
+	if to == 0 {
+		return 0, nil
+	}
+	if _, err := h.fleet.SetLifecycle(id, to, now, "health"); err != nil {
+		return 0, err
+	}
+	return to, nil
+}
+
+// next is the lifecycle the engine moves to after its latest probe, or zero.
+func (h *Health) next(e *fleet.Engine, s *streak, now time.Time) fleet.Lifecycle {
+	switch e.Lifecycle {
+	case fleet.Active:
+		if s.failed >= h.cfg.UnhealthyAfter {
+			return fleet.Failed
+		}
+	case fleet.Draining, fleet.Failed:
+		if s.ok >= h.cfg.HealthyAfter {
+			return fleet.Recovering
+		}
+		if e.Lifecycle == fleet.Draining && s.failed >= h.cfg.UnhealthyAfter {
+			return fleet.Failed
+		}
+	case fleet.Recovering:
+		if s.failed > 0 {
+			return fleet.Failed
+		}
+		if now.Sub(e.LifecycleSince) >= config.Seconds(h.cfg.RecoverS) {
+			return fleet.Active
+		}
+	}
+	return 0
+}

@@ -1,0 +1,328 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func testFleet(t *testing.T) (*config.Config, *fleet.Fleet) {
+	t.Helper()
+	c := config.Default()
+	for i, role := range []string{"prefill", "prefill", "decode", "decode"} {
+		c.Engines = append(c.Engines, config.Engine{
+			ID: "e" + string(rune('1'+i)), Address: "127.0.0.1:" + string(rune('1'+i)) + "000",
+			Role: role, Profile: config.DefaultProfileName,
+		})
+	}
+	f, err := fleet.New(c, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, f
+}
+
+// fakeClock is virtual time: After fires only when the test advances the clock.
+type fakeClock struct {
+	mu      sync.Mutex
+	now     time.Time
+	waiters []waiter
+}
+
+type waiter struct {
+	at time.Time
+	ch chan time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	if d <= 0 {
+		ch <- c.now
+		return ch
+	}
+	c.waiters = append(c.waiters, waiter{c.now.Add(d), ch})
+	return ch
+}
+
+func (c *fakeClock) pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.waiters)
+}
+
+// advanceTo moves virtual time to at and fires the timers due.
+func (c *fakeClock) advanceTo(at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = at
+	kept := c.waiters[:0]
+	for _, w := range c.waiters {
+		if w.at.After(at) {
+			kept = append(kept, w)
+			continue
+		}
+		w.ch <- at
+	}
+	c.waiters = kept
+}
+
+// scriptProber answers from a per-address script of up/down periods in virtual time.
+type scriptProber struct {
+	clock *fakeClock
+	mu    sync.Mutex
+	down  map[string]bool
+	calls int
+}
+
+func (p *scriptProber) set(addr string, down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down[addr] = down
+}
+
+func (p *scriptProber) Probe(_ context.Context, address string) (netip.AddrPort, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls++
+	ap := netip.MustParseAddrPort(address)
+	if p.down[address] {
+		return ap, errors.New("connection refused")
+	}
+	return ap, nil
+}
+
+type countObserver struct {
+	mu      sync.Mutex
+	ok, bad int
+}
+
+func (o *countObserver) ObserveProbe(_ string, ok bool, _ time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if ok {
+		o.ok++
+	} else {
+		o.bad++
+	}
+}
+
+// TestMonitorVirtualTime runs the live monitor loop on a virtual clock: an engine that stops
+// answering is failed within unhealthy_after × interval_s (+ one interval), and once it answers
+// again it comes back through recovering to active after healthy_after probes and recover_s.
+func TestMonitorVirtualTime(t *testing.T) {
+	cfg, f := testFleet(t)
+	h := cfg.Health // interval 1 s, unhealthy_after 3, healthy_after 3, recover_s 10
+	clock := &fakeClock{now: t0}
+	prober := &scriptProber{clock: clock, down: map[string]bool{}}
+	obs := &countObserver{}
+	m := NewMonitor(h, f, prober, clock, obs, nil)
+
+	type seen struct {
+		at time.Time
+		to string
+	}
+	var mu sync.Mutex
+	var history []seen
+	f.OnChange(func(ev fleet.Event) {
+		if ev.Engine == "e3" && ev.Kind == fleet.EventLifecycle {
+			mu.Lock()
+			history = append(history, seen{ev.Time, ev.To})
+			mu.Unlock()
+		}
+	})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+
+	interval := config.Seconds(h.IntervalS)
+	idle := func() { // wait until the loop has finished its pass and waits for the next
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for clock.pending() == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("monitor never waited for its next pass")
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	passes := func(n int) {
+		for i := 0; i < n; i++ {
+			idle()
+			clock.advanceTo(clock.Now().Add(interval))
+		}
+		idle()
+	}
+	passes(5)
+	prober.set("127.0.0.1:3000", true) // stops answering right after a pass
+	stoppedAt := clock.Now()
+	passes(10)
+	prober.set("127.0.0.1:3000", false)
+	back := clock.Now()
+	passes(20)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run returned %v", err)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(history) != 3 || history[0].to != "failed" || history[1].to != "recovering" || history[2].to != "active" {
+		t.Fatalf("e3 went through %+v, want failed, recovering, active", history)
+	}
+	limit := time.Duration(h.UnhealthyAfter)*interval + interval
+	if d := history[0].at.Sub(stoppedAt); d <= 0 || d > limit {
+		t.Fatalf("failed %v after it stopped answering, want within %v", d, limit)
+	}
+	if d := history[1].at.Sub(back); d > time.Duration(h.HealthyAfter)*interval+interval {
+		t.Fatalf("recovering %v after it came back", d)
+	}
+	if d := history[2].at.Sub(history[1].at); d < config.Seconds(h.RecoverS) || d > config.Seconds(h.RecoverS)+interval {
+		t.Fatalf("active %v after recovering began, want recover_s %vs (+ one interval)", d, h.RecoverS)
+	}
+	for _, id := range []string{"e1", "e2", "e4"} {
+		if e, _ := f.Engine(id); e.Lifecycle != fleet.Active {
+			t.Fatalf("%s is %s; only e3 failed", id, e.Lifecycle)
+		}
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if obs.bad != 10 || obs.ok+obs.bad != prober.calls {
+		t.Fatalf("observer saw %d ok + %d failed probes, prober answered %d (10 failed)", obs.ok, obs.bad, prober.calls)
+	}
+}
+
+// TestHealthRules drives the core directly with probe results at virtual times.
+func TestHealthRules(t *testing.T) {
+	type probe struct {
+		at   float64 // seconds after t0
+		ok   bool
+		want string // lifecycle after the probe
+	}
+	tests := []struct {
+		name   string
+		before func(f *fleet.Fleet) // operator actions before the probes
+		probes []probe
+	}{
+		{"two failures are not enough", nil, []probe{
+			{1, false, "active"}, {2, false, "active"}, {3, true, "active"}, {4, false, "active"}, {5, false, "active"},
+		}},
+		{"three consecutive failures fail", nil, []probe{
+			{1, false, "active"}, {2, false, "active"}, {3, false, "failed"},
+		}},
+		{"recovery needs healthy_after then recover_s", nil, []probe{
+			{1, false, "active"}, {2, false, "active"}, {3, false, "failed"},
+			{4, true, "failed"}, {5, true, "failed"}, {6, true, "recovering"},
+			{15, true, "recovering"}, {16, true, "active"},
+		}},
+		{"one failure while recovering fails again", nil, []probe{
+			{1, false, "active"}, {2, false, "active"}, {3, false, "failed"},
+			{4, true, "failed"}, {5, true, "failed"}, {6, true, "recovering"},
+			{7, false, "failed"}, {8, true, "failed"},
+		}},
+		{"a drained engine ignores its probes", func(f *fleet.Fleet) {
+			_, _ = f.Drain("e1", t0, "admin")
+		}, []probe{
+			{1, false, "draining"}, {2, false, "draining"}, {3, false, "draining"}, {4, true, "draining"},
+			{5, true, "draining"}, {6, true, "draining"},
+		}},
+		{"an undrained engine counts from the undrain", func(f *fleet.Fleet) {
+			_, _ = f.Drain("e1", t0, "admin")
+			_, _ = f.Undrain("e1", t0, "admin")
+		}, []probe{
+			{1, true, "draining"}, {2, true, "draining"}, {3, true, "recovering"}, {13, true, "active"},
+		}},
+		{"an undrained engine that fails is failed", func(f *fleet.Fleet) {
+			_, _ = f.Drain("e1", t0, "admin")
+			_, _ = f.Undrain("e1", t0, "admin")
+		}, []probe{
+			{1, false, "draining"}, {2, false, "draining"}, {3, false, "failed"},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, f := testFleet(t)
+			if tt.before != nil {
+				tt.before(f)
+			}
+			h := NewHealth(cfg.Health, f)
+			for _, p := range tt.probes {
+				at := t0.Add(time.Duration(p.at * float64(time.Second)))
+				if _, err := h.Observe(at, "e1", p.ok); err != nil {
+					t.Fatalf("t=%v: %v", p.at, err)
+				}
+				if e, _ := f.Engine("e1"); e.Lifecycle.String() != p.want {
+					t.Fatalf("t=%vs probe ok=%v: lifecycle %s, want %s", p.at, p.ok, e.Lifecycle, p.want)
+				}
+			}
+		})
+	}
+	_, f := testFleet(t)
+	if _, err := NewHealth(config.Default().Health, f).Observe(t0, "nope", true); !errors.Is(err, fleet.ErrUnknownEngine) {
+		t.Fatalf("unknown engine: %v", err)
+	}
+}
+
+func TestHTTPProber(t *testing.T) {
+	var status int
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/health" {
+			http.NotFound(w, r)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		w.WriteHeader(status)
+	}))
+	defer srv.Close()
+	p := &HTTPProber{Client: srv.Client(), Path: "/health"}
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	port := addr[strings.LastIndexByte(addr, ':'):]
+	for _, tc := range []struct {
+		status  int
+		address string
+		ok      bool
+	}{
+		{200, addr, true},
+		{503, addr, false},
+		{204, "localhost" + port, true}, // a host name resolves to IP:port
+	} {
+		mu.Lock()
+		status = tc.status
+		mu.Unlock()
+		ap, err := p.Probe(context.Background(), tc.address)
+		if (err == nil) != tc.ok {
+			t.Fatalf("%d from %s: err %v", tc.status, tc.address, err)
+		}
+		if !ap.Addr().IsLoopback() || ap.Port() == 0 {
+			t.Fatalf("%s resolved to %v", tc.address, ap)
+		}
+	}
+	srv.Close()
+	if _, err := p.Probe(context.Background(), addr); err == nil {
+		t.Fatal("a closed server answered a probe")
+	}
+	if _, err := p.Probe(context.Background(), "no-port"); err == nil {
+		t.Fatal("an address without a port was probed")
+	}
+}

@@ -1,0 +1,199 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
+)
+
+// Clock is the time source of a live wrapper. Cores never read a clock; wrappers pass its
+// readings in. Tests and the simulator use a virtual clock.
+type Clock interface {
+	Now() time.Time
+	// After sends the time once d has passed.
+	After(d time.Duration) <-chan time.Time
+}
+
+// RealClock is the wall clock.
+type RealClock struct{}
+
+// Now is time.Now.
+func (RealClock) Now() time.Time { return time.Now() }
+
+// After is time.After.
+func (RealClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// Prober checks one engine's health.
+type Prober interface {
+	// Probe resolves address (host:port; the host may be a name), checks the engine's health
+	// at the resolved address and returns that address. It returns the address whenever it
+	// resolved, also with an error from the check.
+	Probe(ctx context.Context, address string) (netip.AddrPort, error)
+}
+
+// ProbeObserver sees every probe result (metrics).
+type ProbeObserver interface {
+	ObserveProbe(engine string, ok bool, took time.Duration)
+}
+
+// HTTPProber probes GET http://IP:port<Path> and wants a 2xx answer.
+type HTTPProber struct {
+	Client   *http.Client
+	Path     string
+	Resolver *net.Resolver // nil: net.DefaultResolver
+}
+
+// Probe implements Prober.
+func (p *HTTPProber) Probe(ctx context.Context, address string) (netip.AddrPort, error) {
+	ap, err := Resolve(ctx, p.Resolver, address)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ap.String()+p.Path, nil)
+	if err != nil {
+		return ap, err
+	}
+	resp, err := p.Client.Do(req)
+	if err != nil {
+		return ap, err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return ap, fmt.Errorf("health: %s answered %s", ap, resp.Status)
+	}
+	return ap, nil
+}
+
+// Resolve turns host:port into IP:port, looking the host up when it is a name (the first
+// address the resolver returns, IPv4 preferred).
+func Resolve(ctx context.Context, r *net.Resolver, address string) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(address); err == nil {
+		return ap, nil
+	}
+	host, port, err := net.SplitHostPort(address)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	pn, err := net.LookupPort("tcp", port)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	if r == nil {
+		r = net.DefaultResolver
+	}
+	ips, err := r.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	if len(ips) == 0 {
+		return netip.AddrPort{}, fmt.Errorf("resolve %s: no addresses", host)
+	}
+	best := ips[0]
+	for _, ip := range ips {
+		if ip.Unmap().Is4() {
+			best = ip
+			break
+		}
+	}
+	return netip.AddrPortFrom(best.Unmap(), uint16(pn)), nil
+}
+
+// Monitor is the live health monitor: every health.interval_s it probes all engines at once
+// (each probe bounded by health.timeout_s), records resolved addresses, and feeds the results,
+// in fleet order, to the Health core.
+type Monitor struct {
+	cfg      config.Health
+	fleet    *fleet.Fleet
+	core     *Health
+	prober   Prober
+	clock    Clock
+	observer ProbeObserver
+	log      *slog.Logger
+}
+
+// NewMonitor returns a monitor. observer may be nil.
+func NewMonitor(cfg config.Health, f *fleet.Fleet, p Prober, c Clock, observer ProbeObserver, log *slog.Logger) *Monitor {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Monitor{cfg: cfg, fleet: f, core: NewHealth(cfg, f), prober: p, clock: c, observer: observer, log: log}
+}
+
+// Run probes until ctx is done; it returns ctx's error.
+func (m *Monitor) Run(ctx context.Context) error {
+	interval := config.Seconds(m.cfg.IntervalS)
+	next := m.clock.Now()
+	for {
+		m.Pass(ctx)
+		next = next.Add(interval)
+		if now := m.clock.Now(); next.Before(now) {
+			next = now // fell behind: do not burst
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.clock.After(next.Sub(m.clock.Now())):
+		}
+	}
+}
+
+type probeResult struct {
+	addr netip.AddrPort
+	err  error
+	took time.Duration
+}
+
+// Pass probes every engine once and applies the results.
+func (m *Monitor) Pass(ctx context.Context) {
+	snap := m.fleet.Snapshot()
+	results := make([]probeResult, len(snap.Engines))
+	var wg sync.WaitGroup
+	for i := range snap.Engines {
+		wg.Add(1)
+		go func(i int, address string) {
+			defer wg.Done()
+			pctx, cancel := context.WithTimeout(ctx, config.Seconds(m.cfg.TimeoutS))
+			defer cancel()
+			start := m.clock.Now()
+			addr, err := m.prober.Probe(pctx, address)
+			results[i] = probeResult{addr: addr, err: err, took: m.clock.Now().Sub(start)}
+		}(i, snap.Engines[i].Address)
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return // shutting down: a cancelled probe says nothing about the engine
+	}
+	now := m.clock.Now()
+	for i, r := range results {
+		id := snap.Engines[i].ID
+		if r.addr.IsValid() {
+			if _, err := m.fleet.SetAddr(id, r.addr, now); err != nil {
+				m.log.Warn("record resolved address", "engine", id, "err", err)
+			}
+		}
+		ok := r.err == nil
+		if m.observer != nil {
+			m.observer.ObserveProbe(id, ok, r.took)
+		}
+		if !ok {
+			m.log.Debug("health probe failed", "engine", id, "err", r.err)
+		}
+		switch _, err := m.core.Observe(now, id, ok); {
+		case errors.Is(err, fleet.ErrTransition):
+			m.log.Debug("health transition refused", "engine", id, "err", err)
+		case err != nil:
+			m.log.Warn("health", "engine", id, "err", err)
+		}
+	}
+}

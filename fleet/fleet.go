@@ -1,0 +1,266 @@
+// Package fleet is the one source of truth about engines: their roles, lifecycles, pins and
+// addresses. Every change goes through an explicit transition method, bumps a monotonically
+// increasing version, and wakes subscribers. It is safe for concurrent use; it does no I/O and
+// reads no clock (callers pass the time of each change).
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+)
+
+// Errors returned by transitions. Callers match them with errors.Is.
+var (
+	ErrUnknownEngine = errors.New("fleet: unknown engine")
+	ErrTransition    = errors.New("fleet: invalid transition")
+)
+
+// Snapshot is the fleet at one version. Engines are in configuration order; the slice is the
+// caller's own.
+type Snapshot struct {
+	Version uint64
+	Engines []Engine
+}
+
+// Split counts the live (active) engines of each role.
+func (s *Snapshot) Split() (prefill, decode int) {
+	for i := range s.Engines {
+		if e := &s.Engines[i]; e.Live() {
+			switch e.Role {
+			case Prefill:
+				prefill++
+			case Decode:
+				decode++
+			}
+		}
+	}
+	return prefill, decode
+}
+
+// Find returns the engine with the given id.
+func (s *Snapshot) Find(id string) (Engine, bool) {
+	for _, e := range s.Engines {
+		if e.ID == id {
+			return e, true
+		}
+	}
+	return Engine{}, false
+}
+
+// Fleet holds the engines. The zero value is not usable; use New.
+type Fleet struct {
+	mu      sync.RWMutex
+	version uint64
+	engines []Engine
+	index   map[string]int
+	subs    map[chan struct{}]struct{}
+	observe []func(Event)
+}
+
+// New builds the fleet of a validated config: every engine active in its configured role
+// since now. The version starts at 1.
+func New(cfg *config.Config, now time.Time) (*Fleet, error) {
+	f := &Fleet{version: 1, index: make(map[string]int, len(cfg.Engines)), subs: map[chan struct{}]struct{}{}}
+	for i, ce := range cfg.Engines {
+		role, err := ParseRole(ce.Role)
+		if err != nil {
+			return nil, fmt.Errorf("engines[%d]: %w", i, err)
+		}
+		if _, dup := f.index[ce.ID]; dup {
+			return nil, fmt.Errorf("engines[%d]: duplicate engine id %q", i, ce.ID)
+		}
+		f.index[ce.ID] = len(f.engines)
+		f.engines = append(f.engines, Engine{
+			ID: ce.ID, Address: ce.Address, Addr: ce.Address, Profile: ce.Profile,
+			Role: role, Lifecycle: Active, Pinned: ce.Pinned,
+			RoleSince: now, LifecycleSince: now,
+		})
+	}
+	return f, nil
+}
+
+// Version is the current version; every change (one call that changed something) increases
+// it by one.
+func (f *Fleet) Version() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.version
+}
+
+// Snapshot copies the fleet out.
+func (f *Fleet) Snapshot() Snapshot {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return Snapshot{Version: f.version, Engines: append([]Engine(nil), f.engines...)}
+}
+
+// Engine returns one engine.
+func (f *Fleet) Engine(id string) (Engine, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	i, ok := f.index[id]
+	if !ok {
+		return Engine{}, false
+	}
+	return f.engines[i], true
+}
+
+// OnChange calls fn with every later change, in the order changes apply, while the fleet's
+// lock is held: fn must be quick and must not call back into the fleet (log it, count it,
+// queue it).
+func (f *Fleet) OnChange(fn func(Event)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.observe = append(f.observe, fn)
+}
+
+// Subscribe returns a channel that receives a value after every change (coalesced: a slow
+// reader sees one wake for many changes, then reads the Snapshot) and a cancel function.
+func (f *Fleet) Subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	f.mu.Lock()
+	f.subs[ch] = struct{}{}
+	f.mu.Unlock()
+	return ch, func() {
+		f.mu.Lock()
+		delete(f.subs, ch)
+		f.mu.Unlock()
+	}
+}
+
+// Drain holds the engine out of placement on an operator's request: it becomes draining and
+// stays so until Undrain, whatever its probes say. Draining a held engine changes nothing.
+func (f *Fleet) Drain(id string, now time.Time, cause string) (Engine, error) {
+	return f.update(id, func(e *Engine) ([]Event, error) {
+		if e.Held {
+			return nil, nil
+		}
+		var evs []Event
+		if e.Lifecycle != Draining {
+			ev, err := setLifecycle(e, Draining, now, cause)
+			if err != nil {
+				return nil, err
+			}
+			evs = append(evs, ev)
+		}
+		e.Held = true
+		return append(evs, Event{Time: now, Kind: EventHold, Engine: e.ID, Held: true, Cause: cause}), nil
+	})
+}
+
+// Undrain releases an operator drain. The engine stays draining until the health monitor sees
+// it healthy (then recovering, then active) or failing (then failed).
+func (f *Fleet) Undrain(id string, now time.Time, cause string) (Engine, error) {
+	return f.update(id, func(e *Engine) ([]Event, error) {
+		if !e.Held {
+			return nil, fmt.Errorf("%w: engine %s is %s, not drained", ErrTransition, e.ID, e.Lifecycle)
+		}
+		e.Held = false
+		return []Event{{Time: now, Kind: EventHold, Engine: e.ID, Held: false, Cause: cause}}, nil
+	})
+}
+
+// SetPinned pins (the engine keeps its role, always) or unpins an engine.
+func (f *Fleet) SetPinned(id string, pinned bool, now time.Time, cause string) (Engine, error) {
+	return f.update(id, func(e *Engine) ([]Event, error) {
+		if e.Pinned == pinned {
+			return nil, nil
+		}
+		e.Pinned = pinned
+		return []Event{{Time: now, Kind: EventPin, Engine: e.ID, Pinned: pinned, Cause: cause}}, nil
+	})
+}
+
+// SetLifecycle moves an engine to another lifecycle; only the transitions of CanBecome exist,
+// and a held (operator-drained) engine leaves draining only through Undrain.
+func (f *Fleet) SetLifecycle(id string, to Lifecycle, now time.Time, cause string) (Engine, error) {
+	return f.update(id, func(e *Engine) ([]Event, error) {
+		if e.Held {
+			return nil, fmt.Errorf("%w: engine %s is drained by an operator", ErrTransition, e.ID)
+		}
+		ev, err := setLifecycle(e, to, now, cause)
+		if err != nil {
+			return nil, err
+		}
+		return []Event{ev}, nil
+	})
+}
+
+// SetRole moves an engine to another role. Pinned engines keep theirs. The role-since time
+// restarts (dwell counts from it).
+func (f *Fleet) SetRole(id string, to Role, now time.Time, cause string) (Engine, error) {
+	return f.update(id, func(e *Engine) ([]Event, error) {
+		switch {
+		case to != Prefill && to != Decode:
+			return nil, fmt.Errorf("%w: engine %s: invalid role %v", ErrTransition, e.ID, to)
+		case e.Role == to:
+			return nil, fmt.Errorf("%w: engine %s is already %s", ErrTransition, e.ID, to)
+		case e.Pinned:
+			return nil, fmt.Errorf("%w: engine %s is pinned to %s", ErrTransition, e.ID, e.Role)
+		}
+		ev := Event{Time: now, Kind: EventRole, Engine: e.ID, From: e.Role.String(), To: to.String(), Cause: cause}
+		e.Role, e.RoleSince = to, now
+		return []Event{ev}, nil
+	})
+}
+
+// SetAddr records the resolved IP:port of an engine. The same address changes nothing.
+func (f *Fleet) SetAddr(id string, addr netip.AddrPort, now time.Time) (Engine, error) {
+	s := addr.String()
+	return f.update(id, func(e *Engine) ([]Event, error) {
+		if !addr.IsValid() {
+			return nil, fmt.Errorf("%w: engine %s: invalid address", ErrTransition, e.ID)
+		}
+		if e.Addr == s {
+			return nil, nil
+		}
+		ev := Event{Time: now, Kind: EventAddress, Engine: e.ID, From: e.Addr, To: s, Cause: "resolve"}
+		e.Addr = s
+		return []Event{ev}, nil
+	})
+}
+
+func setLifecycle(e *Engine, to Lifecycle, now time.Time, cause string) (Event, error) {
+	if !e.Lifecycle.CanBecome(to) {
+		return Event{}, fmt.Errorf("%w: engine %s: %s -> %s", ErrTransition, e.ID, e.Lifecycle, to)
+	}
+	ev := Event{Time: now, Kind: EventLifecycle, Engine: e.ID, From: e.Lifecycle.String(), To: to.String(), Cause: cause}
+	e.Lifecycle, e.LifecycleSince = to, now
+	return ev, nil
+}
+
+// update applies fn to a copy of one engine and commits it as one new version, only when fn
+// succeeds and changed something.
+func (f *Fleet) update(id string, fn func(*Engine) ([]Event, error)) (Engine, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i, ok := f.index[id]
+	if !ok {
+		return Engine{}, fmt.Errorf("%w %q", ErrUnknownEngine, id)
+	}
+	e := f.engines[i]
+	evs, err := fn(&e)
+	if err != nil || len(evs) == 0 {
+		return f.engines[i], err
+	}
+	f.engines[i] = e
+	f.version++
+	for j := range evs {
+		evs[j].Version = f.version
+		for _, fn := range f.observe {
+			fn(evs[j])
+		}
+	}
+	for ch := range f.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	return e, nil
+}

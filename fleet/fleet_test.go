@@ -1,0 +1,240 @@
+package fleet
+
+import (
+	"errors"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func testConfig() *config.Config {
+	c := config.Default()
+	c.Engines = []config.Engine{
+		{ID: "e1", Address: "127.0.0.1:8001", Role: "prefill", Profile: config.DefaultProfileName},
+		{ID: "e2", Address: "127.0.0.1:8002", Role: "decode", Profile: config.DefaultProfileName},
+		{ID: "e3", Address: "engine-3:8003", Role: "decode", Profile: config.DefaultProfileName, Pinned: true},
+	}
+	return c
+}
+
+func newFleet(t *testing.T) *Fleet {
+	t.Helper()
+	f, err := New(testConfig(), t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func TestNew(t *testing.T) {
+	f := newFleet(t)
+	s := f.Snapshot()
+	if s.Version != 1 || len(s.Engines) != 3 {
+		t.Fatalf("version %d, %d engines", s.Version, len(s.Engines))
+	}
+	if p, d := s.Split(); p != 1 || d != 2 {
+		t.Fatalf("split %d/%d, want 1/2", p, d)
+	}
+	e, _ := s.Find("e3")
+	if e.Role != Decode || !e.Pinned || e.Lifecycle != Active || !e.RoleSince.Equal(t0) || e.Addr != "engine-3:8003" {
+		t.Fatalf("e3 = %+v", e)
+	}
+	bad := testConfig()
+	bad.Engines[1].Role = "aggregate"
+	if _, err := New(bad, t0); err == nil {
+		t.Fatal("New accepted role aggregate")
+	}
+	bad = testConfig()
+	bad.Engines[1].ID = "e1"
+	if _, err := New(bad, t0); err == nil {
+		t.Fatal("New accepted a duplicate id")
+	}
+}
+
+func TestLifecycleTransitions(t *testing.T) {
+	all := Lifecycles[:]
+	allowed := map[[2]Lifecycle]bool{
+		{Active, Draining}: true, {Active, Failed}: true,
+		{Draining, Recovering}: true, {Draining, Failed}: true,
+		{Recovering, Active}: true, {Recovering, Failed}: true, {Recovering, Draining}: true,
+		{Failed, Recovering}: true, {Failed, Draining}: true,
+	}
+	for _, from := range all {
+		for _, to := range all {
+			if got := from.CanBecome(to); got != allowed[[2]Lifecycle{from, to}] {
+				t.Errorf("%s.CanBecome(%s) = %v", from, to, got)
+			}
+		}
+	}
+	f := newFleet(t)
+	if _, err := f.SetLifecycle("e1", Recovering, t0, "test"); !errors.Is(err, ErrTransition) {
+		t.Fatalf("active -> recovering: err %v, want ErrTransition", err)
+	}
+	if v := f.Version(); v != 1 {
+		t.Fatalf("a refused transition changed the version to %d", v)
+	}
+	e, err := f.SetLifecycle("e1", Failed, t0.Add(time.Second), "health")
+	if err != nil || e.Lifecycle != Failed || !e.LifecycleSince.Equal(t0.Add(time.Second)) {
+		t.Fatalf("active -> failed: %+v, %v", e, err)
+	}
+	if _, err := f.SetLifecycle("nope", Failed, t0, "x"); !errors.Is(err, ErrUnknownEngine) {
+		t.Fatalf("unknown engine: %v", err)
+	}
+}
+
+func TestDrainUndrain(t *testing.T) {
+	f := newFleet(t)
+	var events []Event
+	f.OnChange(func(ev Event) { events = append(events, ev) })
+	e, err := f.Drain("e2", t0.Add(time.Second), "admin")
+	if err != nil || e.Lifecycle != Draining || !e.Held {
+		t.Fatalf("drain: %+v %v", e, err)
+	}
+	if f.Version() != 2 || len(events) != 2 || events[0].Kind != EventLifecycle || events[1].Kind != EventHold || events[0].Version != 2 {
+		t.Fatalf("one drain must be one version with two events, got version %d, events %+v", f.Version(), events)
+	}
+	// A second drain changes nothing; the health monitor cannot move a held engine.
+	if _, err := f.Drain("e2", t0, "admin"); err != nil || f.Version() != 2 {
+		t.Fatalf("second drain: %v, version %d", err, f.Version())
+	}
+	if _, err := f.SetLifecycle("e2", Recovering, t0, "health"); !errors.Is(err, ErrTransition) {
+		t.Fatalf("health moved a held engine: %v", err)
+	}
+	e, err = f.Undrain("e2", t0.Add(2*time.Second), "admin")
+	if err != nil || e.Held || e.Lifecycle != Draining {
+		t.Fatalf("undrain: %+v %v (the engine stays draining until the health monitor readmits it)", e, err)
+	}
+	if _, err := f.Undrain("e2", t0, "admin"); !errors.Is(err, ErrTransition) {
+		t.Fatalf("undrain of an engine not drained: %v", err)
+	}
+	// A failed engine can be drained, and stays failed-then-drained.
+	if _, err := f.SetLifecycle("e1", Failed, t0, "health"); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := f.Drain("e1", t0, "admin"); err != nil || e.Lifecycle != Draining {
+		t.Fatalf("drain a failed engine: %+v %v", e, err)
+	}
+}
+
+func TestRoleAndPin(t *testing.T) {
+	f := newFleet(t)
+	t1 := t0.Add(time.Minute)
+	e, err := f.SetRole("e2", Prefill, t1, "decision 1")
+	if err != nil || e.Role != Prefill || !e.RoleSince.Equal(t1) {
+		t.Fatalf("role move: %+v %v", e, err)
+	}
+	if _, err := f.SetRole("e2", Prefill, t1, "x"); !errors.Is(err, ErrTransition) {
+		t.Fatalf("same role: %v", err)
+	}
+	if _, err := f.SetRole("e3", Prefill, t1, "x"); !errors.Is(err, ErrTransition) {
+		t.Fatalf("moved a pinned engine: %v", err)
+	}
+	if _, err := f.SetRole("e1", Role(9), t1, "x"); !errors.Is(err, ErrTransition) {
+		t.Fatalf("invalid role: %v", err)
+	}
+	v := f.Version()
+	if _, err := f.SetPinned("e3", true, t1, "admin"); err != nil || f.Version() != v {
+		t.Fatalf("pinning a pinned engine must change nothing: %v, version %d -> %d", err, v, f.Version())
+	}
+	if e, err := f.SetPinned("e3", false, t1, "admin"); err != nil || e.Pinned || f.Version() != v+1 {
+		t.Fatalf("unpin: %+v %v", e, err)
+	}
+	if e, err := f.SetRole("e3", Prefill, t1, "x"); err != nil || e.Role != Prefill {
+		t.Fatalf("an unpinned engine moves: %+v %v", e, err)
+	}
+}
+
+func TestSetAddr(t *testing.T) {
+	f := newFleet(t)
+	ap := netip.MustParseAddrPort("10.1.2.3:8003")
+	if e, err := f.SetAddr("e3", ap, t0); err != nil || e.Addr != "10.1.2.3:8003" || e.Address != "engine-3:8003" {
+		t.Fatalf("%+v %v", e, err)
+	}
+	v := f.Version()
+	if _, err := f.SetAddr("e3", ap, t0); err != nil || f.Version() != v {
+		t.Fatal("the same address bumped the version")
+	}
+	if _, err := f.SetAddr("e3", netip.AddrPort{}, t0); err == nil {
+		t.Fatal("an invalid address was accepted")
+	}
+}
+
+func TestSubscribeCoalesces(t *testing.T) {
+	f := newFleet(t)
+	ch, cancel := f.Subscribe()
+	for i := 0; i < 5; i++ {
+		pinned := i%2 == 0
+		if _, err := f.SetPinned("e1", pinned, t0, "t"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-ch:
+	default:
+		t.Fatal("no wake after changes")
+	}
+	select {
+	case <-ch:
+		t.Fatal("five changes woke a slow reader more than once")
+	default:
+	}
+	cancel()
+	_, _ = f.SetPinned("e1", false, t0, "t")
+	select {
+	case <-ch:
+		t.Fatal("a cancelled subscription was woken")
+	default:
+	}
+}
+
+// TestConcurrent runs writers and readers together (under -race): the version seen by readers
+// never goes back and counts every change.
+func TestConcurrent(t *testing.T) {
+	f := newFleet(t)
+	var mu sync.Mutex
+	events := 0
+	f.OnChange(func(Event) { mu.Lock(); events++; mu.Unlock() })
+	ch, cancel := f.Subscribe()
+	defer cancel()
+	const writers, changes = 4, 200
+	var wg sync.WaitGroup
+	for w := 0; w < writers; w++ {
+		wg.Go(func() {
+			for i := 0; i < changes; i++ {
+				if _, err := f.SetPinned("e1", true, t0, "t"); err != nil {
+					t.Error(err)
+				}
+				if _, err := f.SetPinned("e1", false, t0, "t"); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	var last uint64
+	for reading := true; reading; {
+		select {
+		case <-done:
+			reading = false
+		case <-ch:
+		}
+		s := f.Snapshot()
+		if s.Version < last {
+			t.Fatalf("version went back: %d after %d", s.Version, last)
+		}
+		last = s.Version
+	}
+	// A pin or unpin changes the fleet unless another writer already did: the version counts
+	// exactly the changes made (one event each), and there were some.
+	mu.Lock()
+	defer mu.Unlock()
+	if v := f.Version(); v != 1+uint64(events) || events == 0 {
+		t.Fatalf("version %d after %d changes", v, events)
+	}
+}

@@ -1,0 +1,145 @@
+package fleet
+
+import (
+	"fmt"
+	"time"
+)
+
+// Role is the phase an engine serves for new placements.
+type Role uint8
+
+// Roles. The zero Role is invalid so that a forgotten assignment is caught.
+const (
+	Prefill Role = iota + 1
+	Decode
+)
+
+func (r Role) String() string {
+	switch r {
+	case Prefill:
+		return "prefill"
+	case Decode:
+		return "decode"
+	}
+	return fmt.Sprintf("Role(%d)", uint8(r))
+}
+
+// MarshalText writes the role's name (JSON, logs).
+func (r Role) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+// ParseRole reads a role's name.
+func ParseRole(s string) (Role, error) {
+	switch s {
+	case "prefill":
+		return Prefill, nil
+	case "decode":
+		return Decode, nil
+	}
+	return 0, fmt.Errorf("fleet: unknown role %q (want prefill or decode)", s)
+}
+
+// Lifecycle is an engine's standing in placement. Only Active engines take new placements;
+// the others are held out ("lifecycle holds").
+type Lifecycle uint8
+
+// Lifecycles. The zero Lifecycle is invalid.
+const (
+	Active Lifecycle = iota + 1
+	Draining
+	Recovering
+	Failed
+)
+
+func (l Lifecycle) String() string {
+	switch l {
+	case Active:
+		return "active"
+	case Draining:
+		return "draining"
+	case Recovering:
+		return "recovering"
+	case Failed:
+		return "failed"
+	}
+	return fmt.Sprintf("Lifecycle(%d)", uint8(l))
+}
+
+// MarshalText writes the lifecycle's name (JSON, logs).
+func (l Lifecycle) MarshalText() ([]byte, error) { return []byte(l.String()), nil }
+
+// Lifecycles lists every lifecycle in a fixed order (metrics, reports).
+var Lifecycles = [...]Lifecycle{Active, Draining, Recovering, Failed}
+
+// Roles lists every role in a fixed order.
+var Roles = [...]Role{Prefill, Decode}
+
+// transitions lists the lifecycle changes that exist. Drains come from operators; the rest
+// from the health monitor:
+//
+//	active     -> draining (drain), failed (probes failed)
+//	draining   -> recovering (undrained, then healthy), failed (undrained, then probes failed)
+//	recovering -> active (recover_s passed), failed (a probe failed), draining (drain)
+//	failed     -> recovering (healthy again), draining (drain)
+var transitions = map[Lifecycle][]Lifecycle{
+	Active:     {Draining, Failed},
+	Draining:   {Recovering, Failed},
+	Recovering: {Active, Failed, Draining},
+	Failed:     {Recovering, Draining},
+}
+
+// CanBecome reports whether the lifecycle may change from l to to.
+func (l Lifecycle) CanBecome(to Lifecycle) bool {
+	for _, t := range transitions[l] {
+		if t == to {
+			return true
+		}
+	}
+	return false
+}
+
+// Engine is one engine's state: a value, copied out of the fleet, never shared.
+type Engine struct {
+	ID      string
+	Address string // as configured: host:port, the host may be a name
+	// Addr is the address placements and xDS use: IP:port, the configured address resolved
+	// (equal to Address until a resolution succeeds, or when Address is already an IP).
+	Addr      string
+	Profile   string
+	Role      Role
+	Lifecycle Lifecycle
+	Pinned    bool
+	// Held reports an operator drain: the health monitor leaves a held engine draining.
+	Held bool
+	// RoleSince is when the role last changed (the start time for engines never moved).
+	RoleSince time.Time
+	// LifecycleSince is when the lifecycle last changed.
+	LifecycleSince time.Time
+}
+
+// Live reports whether the engine takes new placements.
+func (e *Engine) Live() bool { return e.Lifecycle == Active }
+
+// EventKind names what a fleet change changed.
+type EventKind string
+
+// Event kinds; the names are the decision log's `fleet` event names.
+const (
+	EventLifecycle EventKind = "lifecycle"
+	EventRole      EventKind = "role"
+	EventPin       EventKind = "pin"
+	EventHold      EventKind = "hold"
+	EventAddress   EventKind = "address"
+)
+
+// Event is one change to the fleet, in the order the fleet applied it.
+type Event struct {
+	Version uint64 // the fleet version this change produced
+	Time    time.Time
+	Kind    EventKind
+	Engine  string
+	From    string // previous lifecycle, role or address (empty for pin and hold)
+	To      string // new lifecycle, role or address
+	Pinned  bool   // for EventPin
+	Held    bool   // for EventHold
+	Cause   string // who asked: "admin", "health", a decision sequence number...
+}
