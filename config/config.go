@@ -96,7 +96,14 @@ type Demand struct {
 // Sizing selects how prompts are sized locally.
 type Sizing struct {
 	Method string `yaml:"method" json:"method"`
+	// Encoding is the BPE vocabulary of method bpe (embedded in the binary).
+	Encoding string `yaml:"encoding" json:"encoding"`
+	// NonTextTokens is the token cost of one non-text content part (an image, audio...).
+	NonTextTokens int `yaml:"non_text_tokens" json:"non_text_tokens"`
 }
+
+// BPE encodings that method bpe can use.
+var Encodings = []string{"cl100k_base", "o200k_base", "p50k_base", "r50k_base"}
 
 // PrefixAffinity configures the prompt-prefix affinity index.
 type PrefixAffinity struct {

@@ -14,7 +14,7 @@ func Default() *Config {
 			DefaultOutputTokens: 256,
 			FirstTokenTimeoutS:  10,
 			Handoff:             HandoffDecode,
-			Sizing:              Sizing{Method: SizingBytes},
+			Sizing:              Sizing{Method: SizingBytes, Encoding: "cl100k_base", NonTextTokens: 576},
 			PrefixAffinity:      PrefixAffinity{Enabled: true, BlockTokens: 64, Entries: 100000},
 		},
 		Controller: Controller{

@@ -264,6 +264,8 @@ func (k *checker) router(r Router) {
 	k.gt("router.first_token_timeout_s", r.FirstTokenTimeoutS, 0)
 	k.oneOf("router.handoff", r.Handoff, HandoffDecode, HandoffPrefill)
 	k.oneOf("router.sizing.method", r.Sizing.Method, SizingBytes, SizingBPE)
+	k.oneOf("router.sizing.encoding", r.Sizing.Encoding, Encodings...)
+	k.geInt("router.sizing.non_text_tokens", int64(r.Sizing.NonTextTokens), 0)
 	if r.PrefixAffinity.Enabled {
 		k.geInt("router.prefix_affinity.block_tokens", int64(r.PrefixAffinity.BlockTokens), 1)
 		k.geInt("router.prefix_affinity.entries", int64(r.PrefixAffinity.Entries), 1)
