@@ -19,6 +19,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/narwhal-llm/narwhal/config"
 )
 
@@ -367,6 +370,18 @@ func TestRunScript(t *testing.T) {
 	if st.Split.Prefill != 2 || st.Split.Decode != 2 {
 		t.Fatalf("split %+v, want 2/2", st.Split)
 	}
+	// Engines start active as configured; the engines are really up once the health monitor's
+	// probes of each one succeed.
+	deadline := time.Now().Add(20 * time.Second)
+	for !probedOK(t, "127.0.0.1:9090", []string{"e1", "e2", "e3", "e4"}, 2) {
+		if time.Now().After(deadline) {
+			t.Fatal("the health monitor never saw all four engines answer")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st, _ := getState("127.0.0.1:9090"); st.Split.Prefill != 2 || st.Split.Decode != 2 {
+		t.Fatalf("after probes: %+v", st)
+	}
 	_ = cmd.Process.Signal(syscall.SIGINT)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -383,4 +398,40 @@ func TestRunScript(t *testing.T) {
 		}
 		_ = ln.Close()
 	}
+}
+
+// probedOK reports whether every engine has at least n successful health probes in /metrics.
+func probedOK(t *testing.T, admin string, engines []string, n float64) bool {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("metrics do not parse: %v", err)
+	}
+	ok := map[string]float64{}
+	for _, m := range fams["narwhal_health_probes_total"].GetMetric() {
+		var engine, result string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "engine":
+				engine = l.GetValue()
+			case "result":
+				result = l.GetValue()
+			}
+		}
+		if result == "ok" {
+			ok[engine] = m.GetCounter().GetValue()
+		}
+	}
+	for _, e := range engines {
+		if ok[e] < n {
+			return false
+		}
+	}
+	return true
 }

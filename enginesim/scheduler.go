@@ -1,0 +1,415 @@
+package enginesim
+
+import (
+	"math"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+)
+
+// jobState is where a request is in the engine. The terminal states come last.
+type jobState uint32
+
+const (
+	jobQueued     jobState = iota // waiting for admission into the batch
+	jobPrefilling                 // its prompt is being prefilled (the current step)
+	jobDecoding                   // resident in the decode batch
+	jobFinished                   // all output tokens generated
+	jobCancelled                  // the client went away
+	jobFailed                     // the engine closed under it
+)
+
+func (s jobState) terminal() bool { return s >= jobFinished }
+
+// job is one request inside the engine. The first block is fixed at creation; the second is
+// owned by the scheduler (guarded by the loop's mutex); the third is how the scheduler
+// publishes progress to the handler goroutine without locks.
+type job struct {
+	id        uint64
+	prompt    int  // prompt tokens
+	output    int  // output tokens to generate
+	explicit  bool // output came from max_tokens/max_completion_tokens (finish "length"), not the draw ("stop")
+	prefilled bool // KV came from a remote prefiller: join the batch without a local prefill
+
+	state     jobState
+	generated int
+	arrival   time.Time
+	batchIdx  int
+	// Sequence numbers of the steps that produced the first, second and last token (tracing).
+	firstStep, secondStep, lastStep uint64
+
+	status   atomic.Uint32 // jobState; stored after progress, so a terminal status implies final progress
+	progress atomic.Int64  // tokens generated so far
+	notify   chan struct{} // capacity 1; signalled after every change of progress or status
+}
+
+func newJob(id uint64, prompt, output int, explicit, prefilled bool) *job {
+	return &job{
+		id: id, prompt: prompt, output: output, explicit: explicit, prefilled: prefilled,
+		notify: make(chan struct{}, 1),
+	}
+}
+
+// finishReason is the OpenAI finish_reason of a finished job.
+func (j *job) finishReason() string {
+	if j.explicit {
+		return "length"
+	}
+	return "stop"
+}
+
+// publish hands the job's progress and state to its handler. It never blocks.
+func (j *job) publish() {
+	j.progress.Store(int64(j.generated))
+	j.status.Store(uint32(j.state))
+	select {
+	case j.notify <- struct{}{}:
+	default:
+	}
+}
+
+// observe returns the published state and progress, in the order that makes a terminal
+// state imply final progress.
+func (j *job) observe() (jobState, int) {
+	st := jobState(j.status.Load())
+	return st, int(j.progress.Load())
+}
+
+// stepKind is what the engine's (single) device is doing.
+type stepKind uint8
+
+const (
+	stepIdle stepKind = iota
+	stepPrefill
+	stepDecode
+)
+
+// stepRecord describes one step, for tests and benchmarks.
+type stepRecord struct {
+	seq          uint64
+	kind         stepKind
+	start, end   time.Time
+	streams      int    // decode: resident streams at the step's start
+	kvTokens     int    // decode: resident KV tokens at the step's start
+	promptTokens int    // prefill: the prompt's tokens
+	jobID        uint64 // prefill: the job prefilled (FIFO order)
+}
+
+// jobRecord describes one request that left the engine, for tests and benchmarks.
+type jobRecord struct {
+	id                              uint64
+	state                           jobState
+	arrival                         time.Time
+	prompt, output, generated       int
+	firstStep, secondStep, lastStep uint64
+}
+
+// tracer observes the scheduler. It is called with the loop's mutex held, so it must be quick
+// and must not call back into the engine.
+type tracer interface {
+	step(stepRecord)
+	done(jobRecord)
+}
+
+// counts are the scheduler's cumulative counters, read by the metrics collector.
+type counts struct {
+	promptTokens     uint64 // prompt tokens prefilled locally
+	generationTokens uint64
+	successLength    uint64 // finished at max_tokens
+	successStop      uint64 // finished at the drawn output length
+	cancelled        uint64
+}
+
+// snapshot is the scheduler's load at one instant.
+type snapshot struct {
+	running  int // prefilling or decoding
+	waiting  int // queued
+	kvTokens int // resident KV tokens
+	maxKV    int
+	counts   counts
+}
+
+// scheduler is the engine's timing core: a deterministic state machine with no goroutines,
+// no clock and no I/O. Time comes in as arguments; advance returns when it next needs to be
+// called. It models vLLM without chunked prefill: a FIFO queue; admission limited by
+// max_streams and max_kv_tokens (a request reserves prompt+output tokens when admitted, so
+// nothing is ever preempted); prompts prefilled one at a time, each step producing the
+// request's first token; continuous batching of decode steps; prefill before decode at every
+// step boundary.
+type scheduler struct {
+	prefill    *config.PrefillCurve
+	decode     *config.DecodeCurve
+	maxStreams int // 0: unlimited
+	maxKV      int // 0: unlimited
+	sigma      float64
+	noise      *rand.Rand
+	trace      tracer
+
+	queue      []*job // FIFO of jobs not yet admitted
+	prefilling *job   // the job of the current prefill step; nil if none or cancelled
+	batch      []*job // decoding residents
+	batchKV    int    // Σ prompt+generated over batch
+	reserved   int    // Σ prompt+output over admitted jobs
+
+	step    stepKind
+	stepSeq uint64
+	stepEnd time.Time
+	stepRec stepRecord
+
+	counts counts
+}
+
+func newScheduler(p config.Profile, sigma float64, seed int64) *scheduler {
+	s := &scheduler{
+		prefill: p.Prefill,
+		decode:  p.Decode,
+		sigma:   sigma,
+		noise:   rand.New(rand.NewPCG(uint64(seed), 0x6e6f697365)), // "noise"
+	}
+	if p.Decode != nil {
+		s.maxStreams, s.maxKV = p.Decode.MaxStreams, p.Decode.MaxKVTokens
+	}
+	return s
+}
+
+// submit queues j, arrived at now, and advances the schedule to now.
+func (s *scheduler) submit(j *job, now time.Time) (next time.Time, busy bool) {
+	j.arrival = now
+	j.state = jobQueued
+	s.queue = append(s.queue, j)
+	return s.advance(now)
+}
+
+// cancel removes j wherever it is and frees what it held; a job already gone is left alone.
+func (s *scheduler) cancel(j *job, now time.Time) (next time.Time, busy bool) {
+	switch j.state {
+	case jobQueued:
+		for i, q := range s.queue {
+			if q == j {
+				copy(s.queue[i:], s.queue[i+1:])
+				s.queue[len(s.queue)-1] = nil
+				s.queue = s.queue[:len(s.queue)-1]
+				s.end(j, jobCancelled)
+				break
+			}
+		}
+	case jobPrefilling:
+		// The device finishes the step it started; the request no longer holds anything.
+		s.prefilling = nil
+		s.reserved -= j.prompt + j.output
+		s.end(j, jobCancelled)
+	case jobDecoding:
+		s.leaveBatch(j)
+		s.end(j, jobCancelled)
+	}
+	return s.advance(now)
+}
+
+// failAll ends every job the engine holds with jobFailed (the engine is closing).
+func (s *scheduler) failAll() {
+	for _, j := range s.queue {
+		s.end(j, jobFailed)
+	}
+	clear(s.queue)
+	s.queue = s.queue[:0]
+	if j := s.prefilling; j != nil {
+		s.prefilling = nil
+		s.end(j, jobFailed)
+	}
+	for _, j := range s.batch {
+		s.end(j, jobFailed)
+	}
+	clear(s.batch)
+	s.batch = s.batch[:0]
+	s.batchKV, s.reserved = 0, 0
+	s.step = stepIdle
+}
+
+// advance completes every step that ends at or before now, starts the steps that follow, and
+// returns the end of the step in progress (busy) or busy=false when the engine is idle.
+//
+// Steps are chained on absolute deadlines: the next step starts where the previous one ended,
+// not when advance happened to run, so lateness of the caller does not accumulate. If the
+// caller is late by more than a whole step, the next step is placed to end now rather than in
+// the past, so a late engine catches up one step at a time instead of emitting a burst.
+func (s *scheduler) advance(now time.Time) (next time.Time, busy bool) {
+	if s.step == stepIdle && !s.begin(now, now) {
+		return time.Time{}, false
+	}
+	for !s.stepEnd.After(now) {
+		end := s.stepEnd
+		s.completeStep()
+		if !s.begin(end, now) {
+			return time.Time{}, false
+		}
+	}
+	return s.stepEnd, true
+}
+
+// begin chooses and starts the next step after prevEnd. It returns false when there is
+// nothing to do.
+func (s *scheduler) begin(prevEnd, now time.Time) bool {
+	for len(s.queue) > 0 {
+		h := s.queue[0]
+		if !s.fits(h) {
+			break // strict FIFO: nothing overtakes a head that does not fit
+		}
+		s.queue[0] = nil
+		s.queue = s.queue[1:]
+		s.reserved += h.prompt + h.output
+		if h.prefilled {
+			s.joinBatch(h)
+			h.publish()
+			continue
+		}
+		h.state = jobPrefilling
+		h.publish()
+		s.prefilling = h
+		secs := s.prefill.Seconds(h.prompt)
+		if s.sigma > 0 {
+			secs *= math.Exp(s.sigma * s.noise.NormFloat64())
+		}
+		s.startStep(stepPrefill, prevEnd, now, secs)
+		s.stepRec.promptTokens, s.stepRec.jobID = h.prompt, h.id
+		return true
+	}
+	if len(s.batch) > 0 {
+		s.startStep(stepDecode, prevEnd, now, s.decode.StepSeconds(len(s.batch), s.batchKV))
+		s.stepRec.streams, s.stepRec.kvTokens = len(s.batch), s.batchKV
+		return true
+	}
+	s.step = stepIdle
+	return false
+}
+
+// fits reports whether admitting j keeps the engine within max_streams and max_kv_tokens.
+func (s *scheduler) fits(j *job) bool {
+	streams := len(s.batch)
+	if s.prefilling != nil {
+		streams++
+	}
+	if s.maxStreams > 0 && streams >= s.maxStreams {
+		return false
+	}
+	return s.maxKV <= 0 || s.reserved+j.prompt+j.output <= s.maxKV
+}
+
+// startStep starts a step of secs seconds chained onto prevEnd, but starting no earlier than
+// one step before now.
+func (s *scheduler) startStep(kind stepKind, prevEnd, now time.Time, secs float64) {
+	dur := time.Duration(secs * float64(time.Second))
+	start := prevEnd
+	if earliest := now.Add(-dur); start.Before(earliest) {
+		start = earliest
+	}
+	s.stepSeq++
+	s.step = kind
+	s.stepEnd = start.Add(dur)
+	s.stepRec = stepRecord{seq: s.stepSeq, kind: kind, start: start, end: s.stepEnd}
+}
+
+// completeStep applies the effects of the step in progress at its end.
+func (s *scheduler) completeStep() {
+	seq := s.stepSeq
+	if s.trace != nil {
+		s.trace.step(s.stepRec)
+	}
+	switch s.step {
+	case stepPrefill:
+		j := s.prefilling
+		s.prefilling = nil
+		if j == nil {
+			break // cancelled during its prefill
+		}
+		s.counts.promptTokens += uint64(j.prompt)
+		s.counts.generationTokens++
+		j.generated = 1
+		j.firstStep, j.lastStep = seq, seq
+		if j.generated >= j.output {
+			s.reserved -= j.prompt + j.output
+			s.end(j, jobFinished)
+			break
+		}
+		s.joinBatch(j)
+		j.publish()
+	case stepDecode:
+		s.counts.generationTokens += uint64(len(s.batch))
+		keep := s.batch[:0]
+		for _, j := range s.batch {
+			j.generated++
+			s.batchKV++
+			switch j.generated {
+			case 1:
+				j.firstStep = seq
+			case 2:
+				j.secondStep = seq
+			}
+			j.lastStep = seq
+			if j.generated >= j.output {
+				s.batchKV -= j.prompt + j.generated
+				s.reserved -= j.prompt + j.output
+				s.end(j, jobFinished)
+				continue
+			}
+			j.batchIdx = len(keep)
+			keep = append(keep, j)
+			j.publish()
+		}
+		clear(s.batch[len(keep):])
+		s.batch = keep
+	}
+	s.step = stepIdle
+}
+
+// joinBatch makes j a decoding resident. The caller publishes.
+func (s *scheduler) joinBatch(j *job) {
+	j.state = jobDecoding
+	j.batchIdx = len(s.batch)
+	s.batch = append(s.batch, j)
+	s.batchKV += j.prompt + j.generated
+}
+
+// leaveBatch removes a decoding resident and frees its KV.
+func (s *scheduler) leaveBatch(j *job) {
+	last := len(s.batch) - 1
+	moved := s.batch[last]
+	s.batch[j.batchIdx] = moved
+	moved.batchIdx = j.batchIdx
+	s.batch[last] = nil
+	s.batch = s.batch[:last]
+	s.batchKV -= j.prompt + j.generated
+	s.reserved -= j.prompt + j.output
+}
+
+// end moves j to a terminal state, counts it, traces it and tells its handler.
+func (s *scheduler) end(j *job, st jobState) {
+	j.state = st
+	switch {
+	case st == jobFinished && j.explicit:
+		s.counts.successLength++
+	case st == jobFinished:
+		s.counts.successStop++
+	case st == jobCancelled:
+		s.counts.cancelled++
+	}
+	if s.trace != nil {
+		s.trace.done(jobRecord{
+			id: j.id, state: st, arrival: j.arrival,
+			prompt: j.prompt, output: j.output, generated: j.generated,
+			firstStep: j.firstStep, secondStep: j.secondStep, lastStep: j.lastStep,
+		})
+	}
+	j.publish()
+}
+
+// snapshot reports the scheduler's current load and counters.
+func (s *scheduler) snapshot() snapshot {
+	sn := snapshot{running: len(s.batch), waiting: len(s.queue), kvTokens: s.batchKV, maxKV: s.maxKV, counts: s.counts}
+	if s.prefilling != nil {
+		sn.running++
+		sn.kvTokens += s.prefilling.prompt
+	}
+	return sn
+}

@@ -1,0 +1,288 @@
+package enginesim
+
+import (
+	"testing"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+)
+
+// recorder is a tracer that keeps everything.
+type recorder struct {
+	steps []stepRecord
+	jobs  []jobRecord
+}
+
+func (r *recorder) step(s stepRecord) { r.steps = append(r.steps, s) }
+func (r *recorder) done(j jobRecord)  { r.jobs = append(r.jobs, j) }
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func ms(n float64) time.Time { return t0.Add(time.Duration(n * float64(time.Millisecond))) }
+
+// coreProfile: prefill 10 ms + 1 ms/token; decode 2 ms + 1 ms/stream (no KV term).
+func coreProfile(maxStreams, maxKV int) config.Profile {
+	return config.Profile{
+		Prefill: &config.PrefillCurve{BaseS: 0.010, PerTokenS: 0.001},
+		Decode:  &config.DecodeCurve{BaseS: 0.002, PerStreamS: 0.001, MaxStreams: maxStreams, MaxKVTokens: maxKV},
+	}
+}
+
+func newTestScheduler(p config.Profile) (*scheduler, *recorder) {
+	s := newScheduler(p, 0, 1)
+	r := &recorder{}
+	s.trace = r
+	return s, r
+}
+
+func TestSchedulerAggregateTimeline(t *testing.T) {
+	s, rec := newTestScheduler(coreProfile(0, 0))
+	a := newJob(1, 10, 3, true, false)
+	b := newJob(2, 10, 2, true, false)
+	s.submit(a, t0)
+	if next, busy := s.submit(b, t0); !busy || !next.Equal(ms(20)) {
+		t.Fatalf("after two arrivals: next %v busy %v, want %v", next.Sub(t0), busy, 20*time.Millisecond)
+	}
+	if sn := s.snapshot(); sn.running != 1 || sn.waiting != 1 {
+		t.Fatalf("snapshot %+v: want 1 running (prefilling), 1 waiting", sn)
+	}
+	// Run to the end, calling advance exactly at each deadline.
+	now := t0
+	for {
+		next, busy := s.advance(now)
+		if !busy {
+			break
+		}
+		now = next
+	}
+	type step struct {
+		kind        stepKind
+		start, end  float64
+		streams, kv int
+	}
+	want := []step{
+		{stepPrefill, 0, 20, 0, 0},  // A's prompt; B waits
+		{stepPrefill, 20, 40, 0, 0}, // B's prompt: prefill goes before decoding A
+		{stepDecode, 40, 44, 2, 22}, // A and B: 2 ms + 2×1 ms; KV 11+11
+		{stepDecode, 44, 47, 1, 12}, // B finished after 2 tokens; A alone
+	}
+	if len(rec.steps) != len(want) {
+		t.Fatalf("steps = %+v, want %d steps", rec.steps, len(want))
+	}
+	for i, w := range want {
+		g := rec.steps[i]
+		if g.kind != w.kind || !g.start.Equal(ms(w.start)) || !g.end.Equal(ms(w.end)) || g.streams != w.streams || g.kvTokens != w.kv {
+			t.Errorf("step %d = {kind %d, %v..%v, streams %d, kv %d}, want %+v", i, g.kind,
+				g.start.Sub(t0), g.end.Sub(t0), g.streams, g.kvTokens, w)
+		}
+	}
+	if a.state != jobFinished || a.generated != 3 || b.state != jobFinished || b.generated != 2 {
+		t.Errorf("a %v/%d, b %v/%d: want both finished with 3 and 2 tokens", a.state, a.generated, b.state, b.generated)
+	}
+	if a.firstStep != 1 || a.secondStep != 3 || a.lastStep != 4 {
+		t.Errorf("a's token steps = %d,%d,%d, want 1,3,4", a.firstStep, a.secondStep, a.lastStep)
+	}
+	sn := s.snapshot()
+	if sn.running != 0 || sn.waiting != 0 || sn.kvTokens != 0 || s.reserved != 0 {
+		t.Errorf("after the end: %+v reserved %d, want all zero", sn, s.reserved)
+	}
+	if sn.counts.promptTokens != 20 || sn.counts.generationTokens != 5 || sn.counts.successLength != 2 {
+		t.Errorf("counts %+v: want 20 prompt, 5 generated, 2 successes", sn.counts)
+	}
+}
+
+func TestSchedulerSingleTokenFinishesAfterPrefill(t *testing.T) {
+	s, rec := newTestScheduler(coreProfile(0, 0))
+	j := newJob(1, 0, 1, true, false)
+	s.submit(j, t0)
+	if _, busy := s.advance(ms(10)); busy {
+		t.Fatal("engine still busy after the only prefill")
+	}
+	if j.state != jobFinished || j.generated != 1 || len(rec.steps) != 1 || rec.steps[0].kind != stepPrefill {
+		t.Fatalf("job %v/%d steps %+v: want finished by its prefill alone", j.state, j.generated, rec.steps)
+	}
+}
+
+func TestSchedulerPrefilledJobSkipsPrefill(t *testing.T) {
+	s, rec := newTestScheduler(coreProfile(0, 0))
+	j := newJob(1, 100, 2, true, true)
+	if next, _ := s.submit(j, t0); !next.Equal(ms(3)) {
+		t.Fatalf("first step ends at %v, want a 3 ms decode step", next.Sub(t0))
+	}
+	s.advance(ms(3))
+	if j.generated != 1 || j.firstStep != 1 {
+		t.Fatalf("after the first decode step: generated %d first step %d, want the first token", j.generated, j.firstStep)
+	}
+	s.advance(ms(6))
+	for _, st := range rec.steps {
+		if st.kind != stepDecode {
+			t.Fatalf("steps %+v: a remote-prefilled job must not be prefilled locally", rec.steps)
+		}
+	}
+	if j.state != jobFinished || s.snapshot().counts.promptTokens != 0 {
+		t.Fatalf("job %v, counts %+v", j.state, s.snapshot().counts)
+	}
+}
+
+func TestSchedulerAbsoluteDeadlines(t *testing.T) {
+	// A prefilled job alone decodes in 3 ms steps.
+	s, _ := newTestScheduler(coreProfile(0, 0))
+	j := newJob(1, 0, 100, true, true)
+	s.submit(j, t0)
+
+	// Called 0.5 ms late: the next step still ends on the 3 ms grid.
+	if next, _ := s.advance(ms(3.5)); !next.Equal(ms(6)) || j.generated != 1 {
+		t.Fatalf("late by 0.5 ms: next %v generated %d, want 6ms and 1", next.Sub(t0), j.generated)
+	}
+	// Called 8 ms late (more than two steps): one step completes on time, one catch-up step
+	// ends now, and the next ends one step from now; no burst of tokens.
+	next, _ := s.advance(ms(14))
+	if j.generated != 3 || !next.Equal(ms(17)) {
+		t.Fatalf("late by 8 ms: generated %d next %v, want 3 and 17ms", j.generated, next.Sub(t0))
+	}
+}
+
+func TestSchedulerAdmissionLimits(t *testing.T) {
+	t.Run("max_streams", func(t *testing.T) {
+		s, rec := newTestScheduler(coreProfile(2, 0))
+		var jobs []*job
+		for i := range 5 {
+			j := newJob(uint64(i+1), 4, 6, true, false)
+			jobs = append(jobs, j)
+			s.submit(j, t0)
+		}
+		now, maxRunning := t0, 0
+		for {
+			sn := s.snapshot()
+			maxRunning = max(maxRunning, sn.running)
+			next, busy := s.advance(now)
+			if !busy {
+				break
+			}
+			now = next
+		}
+		if maxRunning > 2 {
+			t.Errorf("running reached %d with max_streams 2", maxRunning)
+		}
+		for _, st := range rec.steps {
+			if st.kind == stepDecode && st.streams > 2 {
+				t.Errorf("decode step %d had %d streams", st.seq, st.streams)
+			}
+		}
+		for _, j := range jobs {
+			if j.state != jobFinished {
+				t.Errorf("job %d: %v, want finished", j.id, j.state)
+			}
+		}
+	})
+	t.Run("max_kv_tokens", func(t *testing.T) {
+		s, _ := newTestScheduler(coreProfile(0, 100))
+		a, b, c := newJob(1, 40, 10, true, false), newJob(2, 40, 10, true, false), newJob(3, 40, 10, true, false)
+		for _, j := range []*job{a, b, c} {
+			s.submit(j, t0)
+		}
+		s.advance(ms(50)) // A prefilled at 50 ms; B admitted (100 reserved); C does not fit
+		if sn := s.snapshot(); sn.running != 2 || sn.waiting != 1 || s.reserved != 100 {
+			t.Fatalf("snapshot %+v reserved %d: want 2 running, 1 waiting, 100 reserved", sn, s.reserved)
+		}
+	})
+}
+
+func TestSchedulerCancel(t *testing.T) {
+	s, rec := newTestScheduler(coreProfile(0, 0))
+	a := newJob(1, 10, 50, true, false) // prefill 0..20
+	b := newJob(2, 10, 50, true, false)
+	c := newJob(3, 10, 50, true, false)
+	s.submit(a, t0)
+	s.submit(b, t0)
+	s.submit(c, t0)
+
+	s.cancel(newJob(99, 1, 1, true, false), ms(1)) // never submitted: nothing to do
+	if s.snapshot().counts.cancelled != 0 {
+		t.Fatal("cancelling a job the scheduler never saw counted it")
+	}
+	s.cancel(c, ms(1)) // queued
+	if sn := s.snapshot(); sn.waiting != 1 || c.state != jobCancelled {
+		t.Fatalf("cancel queued: %+v, c %v", sn, c.state)
+	}
+	s.cancel(a, ms(2)) // prefilling: the step runs to its end, the job holds nothing
+	if sn := s.snapshot(); sn.running != 0 || sn.waiting != 1 || sn.kvTokens != 0 || s.reserved != 0 {
+		t.Fatalf("cancel prefilling: %+v reserved %d", sn, s.reserved)
+	}
+	s.advance(ms(40)) // step 1 (A's, cancelled) ends 20; B prefills 20..40
+	if b.state != jobDecoding || b.generated != 1 {
+		t.Fatalf("b %v/%d, want decoding after its prefill", b.state, b.generated)
+	}
+	s.advance(ms(43)) // one decode step
+	s.cancel(b, ms(44))
+	sn := s.snapshot()
+	if sn.running != 0 || sn.kvTokens != 0 || s.reserved != 0 || len(s.batch) != 0 {
+		t.Fatalf("cancel decoding: %+v reserved %d batch %d", sn, s.reserved, len(s.batch))
+	}
+	if sn.counts.cancelled != 3 || sn.counts.promptTokens != 10 {
+		t.Errorf("counts %+v: want 3 cancelled, 10 prompt tokens (B only)", sn.counts)
+	}
+	if _, busy := s.advance(ms(100)); busy {
+		t.Error("engine busy with nothing left")
+	}
+	if n := len(rec.jobs); n != 3 {
+		t.Errorf("%d jobs traced, want 3", n)
+	}
+}
+
+func TestSchedulerNoiseSeeded(t *testing.T) {
+	p := coreProfile(0, 0)
+	durations := func(sigma float64, seed int64) []time.Duration {
+		s := newScheduler(p, sigma, seed)
+		r := &recorder{}
+		s.trace = r
+		for i := range 5 {
+			s.submit(newJob(uint64(i+1), 10, 1, true, false), t0)
+		}
+		now := t0
+		for {
+			next, busy := s.advance(now)
+			if !busy {
+				break
+			}
+			now = next
+		}
+		var d []time.Duration
+		for _, st := range r.steps {
+			d = append(d, st.end.Sub(st.start))
+		}
+		return d
+	}
+	a, b, c, exact := durations(0.2, 7), durations(0.2, 7), durations(0.2, 8), durations(0, 7)
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("same seed, different durations: %v vs %v", a, b)
+		}
+		if exact[i] != 20*time.Millisecond {
+			t.Fatalf("sigma 0: %v, want 20ms each", exact)
+		}
+	}
+	same := true
+	for i := range a {
+		same = same && a[i] == c[i] && a[i] == exact[i]
+	}
+	if same {
+		t.Errorf("noise had no effect: %v", a)
+	}
+}
+
+func TestSchedulerFailAll(t *testing.T) {
+	s, _ := newTestScheduler(coreProfile(0, 0))
+	a, b := newJob(1, 10, 5, true, false), newJob(2, 10, 5, true, false)
+	s.submit(a, t0)
+	s.submit(b, t0)
+	s.failAll()
+	for _, j := range []*job{a, b} {
+		if st, _ := j.observe(); st != jobFailed {
+			t.Errorf("job %d published %v, want failed", j.id, st)
+		}
+	}
+	if sn := s.snapshot(); sn.running != 0 || sn.waiting != 0 {
+		t.Errorf("after failAll: %+v", sn)
+	}
+}
