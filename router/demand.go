@@ -1,0 +1,92 @@
+package router
+
+// sample is one admitted offer as demand: (time, prompt tokens, expected output tokens).
+type sample struct {
+	t      float64
+	prompt int32
+	output int32
+}
+
+// window is one demand horizon over a shared sample ring: the sums of the samples newer than
+// now - horizon.
+type window struct {
+	horizon        float64
+	start          int // index (in ring order) of the oldest sample inside the window
+	n              int
+	prompt, output int64
+}
+
+// demand keeps the arrival samples of the long horizon in a ring and two windows over it.
+// Adding and expiring samples are O(1) amortized; nothing allocates once the ring has grown.
+type demand struct {
+	ring        []sample
+	head, count int // ring holds count samples from head
+	short, long window
+}
+
+func newDemand(shortS, longS float64) demand {
+	return demand{ring: make([]sample, 64), short: window{horizon: shortS}, long: window{horizon: longS}}
+}
+
+func (d *demand) at(i int) *sample { return &d.ring[(d.head+i)%len(d.ring)] }
+
+func (d *demand) add(t float64, prompt, output int) {
+	if d.count == len(d.ring) {
+		grown := make([]sample, 2*len(d.ring))
+		for i := 0; i < d.count; i++ {
+			grown[i] = *d.at(i)
+		}
+		d.ring, d.head = grown, 0
+	}
+	*d.at(d.count) = sample{t: t, prompt: int32(prompt), output: int32(output)}
+	d.count++
+	d.short.push(prompt, output)
+	d.long.push(prompt, output)
+}
+
+func (w *window) push(prompt, output int) {
+	w.n++
+	w.prompt += int64(prompt)
+	w.output += int64(output)
+}
+
+// expireWindow moves the window's start past the samples older than now - horizon.
+func (d *demand) expireWindow(w *window, now float64) {
+	for w.n > 0 {
+		s := d.at(w.start)
+		if s.t > now-w.horizon {
+			return
+		}
+		w.n--
+		w.prompt -= int64(s.prompt)
+		w.output -= int64(s.output)
+		w.start++
+	}
+}
+
+// expire drops the samples that left each window by now.
+func (d *demand) expire(now float64) {
+	d.expireWindow(&d.short, now)
+	d.expireWindow(&d.long, now)
+	// The long horizon is the longer (config validation): samples before its start leave.
+	drop := min(d.long.start, d.short.start)
+	d.head = (d.head + drop) % len(d.ring)
+	d.count -= drop
+	d.short.start -= drop
+	d.long.start -= drop
+}
+
+func (w *window) rates() Rates {
+	return Rates{
+		ArrivalsPerS:     float64(w.n) / w.horizon,
+		PromptTokensPerS: float64(w.prompt) / w.horizon,
+		OutputTokensPerS: float64(w.output) / w.horizon,
+	}
+}
+
+// estimate returns the short, long and priced demand at now (after expiring old samples).
+func (d *demand) estimate(now float64) Demand {
+	d.expire(now)
+	s, l := d.short.rates(), d.long.rates()
+	return Demand{Short: s, Long: l, Priced: s.Max(l)}
+}

@@ -1,0 +1,135 @@
+package router
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
+)
+
+// TestConservationProperty drives the router with random sequences of offers, first tokens,
+// completions, failures, cancels, ticks and fleet changes, and checks after every step that the
+// conservation laws hold and that outcomes are well formed; at the end every request is
+// finished and nothing leaks: no residents, no reserved KV, no waiting work, no slots held.
+func TestConservationProperty(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		cfg := config.Default()
+		cfg.Router.WaitingSet.Capacity = rapid.IntRange(1, 8).Draw(rt, "capacity")
+		cfg.Router.WaitingSet.MaxWaitS = rapid.Float64Range(0.1, 5).Draw(rt, "max_wait")
+		cfg.Router.Admission.RejectRatio = rapid.SampledFrom([]float64{0, 1, 3}).Draw(rt, "reject_ratio")
+		p := cfg.Profiles[config.DefaultProfileName]
+		p.PrefillConcurrency = rapid.IntRange(1, 3).Draw(rt, "concurrency")
+		d := *p.Decode
+		d.MaxStreams = rapid.IntRange(1, 6).Draw(rt, "max_streams")
+		p.Decode = &d
+		cfg.Profiles[config.DefaultProfileName] = p
+		n := rapid.IntRange(2, 5).Draw(rt, "engines")
+		for i := 0; i < n; i++ {
+			role := "decode"
+			if i%2 == 0 {
+				role = "prefill"
+			}
+			cfg.Engines = append(cfg.Engines, config.Engine{ID: fmt.Sprintf("e%d", i), Address: fmt.Sprintf("10.0.0.%d:80", i), Role: role, Profile: config.DefaultProfileName})
+		}
+		f, err := fleet.New(cfg, epoch)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		r := New(cfg, f.Snapshot(), epoch)
+		now := epoch
+		var live []Handle // handles the router may still hold
+		status := map[Handle]Status{}
+		check := func(step string) {
+			for _, o := range r.Ready() {
+				if o.Handle == 0 || (o.Status != Dispatched && !(o.Status == Rejected && o.Code == WaitTimeout)) {
+					rt.Fatalf("%s: bad outbox entry %+v", step, o)
+				}
+				if status[o.Handle] != Waiting {
+					rt.Fatalf("%s: outbox names %v, which was %v, not waiting", step, o.Handle, status[o.Handle])
+				}
+				status[o.Handle] = o.Status
+			}
+			s := r.Snapshot(now)
+			if broken := s.Conserved(); broken != "" {
+				rt.Fatalf("%s: %s: %+v", step, broken, s)
+			}
+		}
+		steps := rapid.IntRange(1, 120).Draw(rt, "steps")
+		for i := 0; i < steps; i++ {
+			now = now.Add(time.Duration(rapid.IntRange(0, 400).Draw(rt, "dt_ms")) * time.Millisecond)
+			pick := func() (Handle, bool) {
+				if len(live) == 0 {
+					return 0, false
+				}
+				return live[rapid.IntRange(0, len(live)-1).Draw(rt, "which")], true
+			}
+			op := rapid.SampledFrom([]string{"offer", "offer", "first", "complete", "fail", "cancel", "tick", "fleet"}).Draw(rt, "op")
+			switch op {
+			case "offer":
+				o := r.Offer(now, Offer{ID: "r", PromptTokens: rapid.IntRange(1, 20000).Draw(rt, "tokens"), MaxTokens: rapid.IntRange(0, 500).Draw(rt, "max")})
+				if o.Status == Rejected {
+					if o.Handle != 0 || o.Code == 0 || (o.Code.Status() == 429) != (o.RetryAfterS > 0) {
+						rt.Fatalf("bad rejection %+v", o)
+					}
+				} else {
+					live = append(live, o.Handle)
+					status[o.Handle] = o.Status
+				}
+			case "first", "complete", "fail", "cancel":
+				h, ok := pick()
+				if !ok {
+					continue
+				}
+				switch op {
+				case "first":
+					_ = r.FirstToken(now, h)
+				case "complete":
+					_ = r.Complete(now, h, rapid.IntRange(0, 300).Draw(rt, "out"))
+				case "fail":
+					_ = r.Fail(now, h)
+				case "cancel":
+					_ = r.Cancel(now, h)
+				}
+			case "tick":
+				r.Tick(now)
+			case "fleet":
+				e := f.Snapshot().Engines[rapid.IntRange(0, n-1).Draw(rt, "engine")]
+				switch rapid.SampledFrom([]string{"fail", "recover", "role"}).Draw(rt, "change") {
+				case "fail":
+					_, _ = f.SetLifecycle(e.ID, fleet.Failed, now, "t")
+				case "recover":
+					if _, err := f.SetLifecycle(e.ID, fleet.Recovering, now, "t"); err == nil {
+						_, _ = f.SetLifecycle(e.ID, fleet.Active, now, "t")
+					}
+				case "role":
+					_, _ = f.SetRole(e.ID, 3-e.Role, now, "t")
+				}
+				r.SetFleet(now, f.Snapshot())
+			}
+			check(op)
+		}
+		// Finish everything: cancel what is held, then nothing may remain.
+		for _, h := range live {
+			_ = r.Cancel(now, h)
+			check("drain")
+		}
+		s := r.Snapshot(now)
+		if s.Retained.Waiting+s.Retained.Prefilling+s.Retained.Decoding != 0 || s.Retained.WaitingTokens != 0 || s.Retained.AwaitingOutputTokens != 0 {
+			rt.Fatalf("leaked: %+v", s.Retained)
+		}
+		for i := range r.engines {
+			e := &r.engines[i]
+			if e.prefilling != 0 || e.streams != 0 || e.kv != 0 || e.queued != 0 || math.Abs(e.waitWork) > 1e-9 {
+				rt.Fatalf("engine %s leaked: %+v", e.id, *e)
+			}
+		}
+		if len(r.free) != len(r.slots) {
+			rt.Fatalf("%d of %d slots still held", len(r.slots)-len(r.free), len(r.slots))
+		}
+	})
+}

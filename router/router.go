@@ -1,0 +1,794 @@
+// Package router is Narwhal's placement core: the bounded FIFO waiting set, predictive
+// admission, dispatch gating by prefill concurrency, the FIFO completion projection, placement
+// of disaggregated and aggregate (fallback) requests, the prefix-affinity index, demand
+// estimates, online profile correction, and the demand accounting counters
+// (shared/design/role-control.md sections 1-4 and 8; contract.md).
+//
+// Router is a deterministic state machine: it takes events with the current time as an
+// argument, owns no goroutines, does no I/O and reads no clock. It is not safe for concurrent
+// use; a live wrapper serializes calls. The same code runs in real time and in virtual time.
+package router
+
+import (
+	"math"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
+)
+
+// Bounds of the online profile correction (role-control.md section 4).
+const (
+	minCorrection  = 0.25
+	maxCorrection  = 4
+	correctionEWMA = 0.2
+)
+
+type phase uint8
+
+const (
+	phaseFree     phase = iota
+	phaseAdmitted       // inside Offer, before it is queued or dispatched
+	phaseWaiting
+	phasePrefilling
+	phaseDecoding
+)
+
+// entry is one admitted request: its immutable facts and where it is. Small on purpose.
+type entry struct {
+	gen        uint32
+	phase      phase
+	aggregate  bool
+	prefill    int16 // engine indices once dispatched
+	decode     int16
+	tailEngine int16 // the engine the waiting-set projection assigned, while waiting
+	prompt     int32
+	output     int32 // expected output tokens
+	seq        uint64
+	arrival    float64
+	dispatchAt float64
+	firstAt    float64
+	dur        float64 // projected prefill seconds on its prefill engine
+	projFirst  float64 // projected first-token time
+	predStep   float64 // projected decode step seconds when dispatched
+	tailDur    float64 // projected prefill seconds on tailEngine
+	kv         int64   // KV tokens reserved on the decode engine
+	id         string
+	prefix     []uint64 // until dispatch
+}
+
+// engine is one engine's load as the router tracks it.
+type engine struct {
+	id, addr   string
+	role       fleet.Role
+	live       bool
+	prof       config.Profile
+	corr       [2]float64 // prefill, decode correction factors
+	samples    [2]int
+	prefilling int     // prefill residents: dispatched here, no first token yet
+	queued     float64 // projected prefill seconds of those residents
+	busyUntil  float64 // projected end of the prefill work dispatched here
+	waitWork   float64 // projected prefill seconds of waiting requests the projection assigned here
+	streams    int     // decode residents: dispatched with this decode engine, not finished
+	kv         int64   // KV tokens they reserve
+}
+
+func (e *engine) prefillSeconds(tokens int) float64 {
+	return e.prof.Prefill.Seconds(max(tokens, 1)) * e.corr[0]
+}
+
+func (e *engine) stepSeconds(streams int, kv int64) float64 {
+	return e.prof.Decode.StepSeconds(streams, int(kv)) * e.corr[1]
+}
+
+func (e *engine) canPrefill() bool { return e.live && e.prof.Prefill != nil }
+
+// fits reports whether one more stream reserving need KV tokens fits the engine.
+func (e *engine) fits(need int64) bool {
+	d := e.prof.Decode
+	return d != nil && e.streams+1 <= d.MaxStreams && e.kv+need <= int64(d.MaxKVTokens)
+}
+
+// Router places requests. Create it with New.
+type Router struct {
+	cfg   config.Router
+	slo   config.SLO
+	epoch time.Time
+	now   float64
+
+	engines []engine
+	byID    map[string]int16
+
+	slots    []entry
+	free     []int32
+	waiting  ring // admitted offers in arrival order (lazy removal)
+	inFlight ring // dispatched requests in dispatch order, for first-token timeouts
+
+	nWaiting, nPrefilling, nDecoding int
+	waitingTokens, awaitingOutput    int64
+
+	counters Counters
+	demand   demand
+	outN     int64 // observed output lengths: count and sum
+	outSum   int64
+	aff      *affinity
+
+	fallback        int16 // the aggregate fallback engine, or -1
+	fallbackSeq     uint64
+	fallbackPending int // decode residents it had when chosen, not yet finished
+	fallbackDrain   float64
+	seq             uint64
+
+	outbox  []Outcome
+	trigger Trigger
+	urgent  bool
+}
+
+// New returns a router for a validated config and the fleet's engines at now (the router's
+// epoch). The fleet's engines are fixed for the router's life; their roles, lifecycles and
+// addresses change through SetFleet.
+func New(cfg *config.Config, snap fleet.Snapshot, now time.Time) *Router {
+	r := &Router{
+		cfg: cfg.Router, slo: cfg.SLO, epoch: now,
+		byID:     make(map[string]int16, len(snap.Engines)),
+		demand:   newDemand(cfg.Router.Demand.ShortHorizonS, cfg.Router.Demand.LongHorizonS),
+		fallback: -1,
+	}
+	for i, fe := range snap.Engines {
+		r.byID[fe.ID] = int16(i)
+		r.engines = append(r.engines, engine{id: fe.ID, prof: cfg.Profiles[fe.Profile], corr: [2]float64{1, 1}})
+	}
+	if cfg.Router.PrefixAffinity.Enabled {
+		r.aff = newAffinity(cfg.Router.PrefixAffinity.Entries, cfg.Router.PrefixAffinity.BlockTokens, len(r.engines))
+	}
+	r.SetFleet(now, snap)
+	return r
+}
+
+// at converts a time to seconds since the epoch; time never goes back.
+func (r *Router) at(now time.Time) float64 {
+	if t := now.Sub(r.epoch).Seconds(); t > r.now {
+		r.now = t
+	}
+	return r.now
+}
+
+// Time converts seconds since the router's epoch back to a time.
+func (r *Router) Time(s float64) time.Time {
+	return r.epoch.Add(time.Duration(s * float64(time.Second)))
+}
+
+// SetFleet applies the fleet's roles, lifecycles and addresses. Residents stay where they are
+// (resident ownership); the projection of the waiting set is recomputed for the new pools.
+func (r *Router) SetFleet(now time.Time, snap fleet.Snapshot) {
+	t := r.at(now)
+	for _, fe := range snap.Engines {
+		i, ok := r.byID[fe.ID]
+		if !ok {
+			continue
+		}
+		e := &r.engines[i]
+		e.role, e.live, e.addr = fe.Role, fe.Live(), fe.Addr
+	}
+	r.updateFallback(t)
+	r.reproject(t)
+	r.pump(t)
+}
+
+// Invalid counts an offer answered 400 or 413 (it goes no further).
+func (r *Router) Invalid() {
+	r.counters.Offers++
+	r.counters.Invalid++
+}
+
+// Offer admits, queues or rejects one valid offer. An admitted offer is dispatched at once when
+// the waiting set is empty and an engine has room (Status Dispatched); otherwise it waits
+// (Status Waiting) and its placement or rejection comes later through Ready.
+func (r *Router) Offer(now time.Time, o Offer) Outcome {
+	t := r.at(now)
+	r.counters.Offers++
+	fallback := r.fallback >= 0
+	if !fallback && (r.livePrefill() == 0 || r.liveDecode() == 0) {
+		return r.reject(NoCapacity, 0)
+	}
+	if r.nWaiting >= r.cfg.WaitingSet.Capacity {
+		return r.reject(WaitingSetFull, 1)
+	}
+	tail, tailDur, done := r.projectTail(t, o.PromptTokens, o.Prefix)
+	ttft := done - t
+	if !fallback {
+		d := r.bestDecode(int64(o.PromptTokens+r.expectedOutput(o.MaxTokens)), false)
+		if d >= 0 {
+			ttft += r.engines[tail].prof.KVTransferS + r.engines[d].stepSeconds(r.engines[d].streams+1, r.engines[d].kv)
+		}
+	} else if r.fallbackPending > 0 && ttft > r.cfg.WaitingSet.MaxWaitS {
+		return r.reject(FallbackBusy, retryAfter(ttft-r.cfg.WaitingSet.MaxWaitS))
+	}
+	if rr := r.cfg.Admission.RejectRatio; rr > 0 && ttft > rr*r.slo.TTFTS {
+		return r.reject(PredictedSLOMiss, retryAfter(ttft-r.slo.TTFTS))
+	}
+
+	r.counters.Admitted++
+	out := r.expectedOutput(o.MaxTokens)
+	r.demand.add(t, o.PromptTokens, out)
+	slot := r.alloc()
+	e := &r.slots[slot]
+	*e = entry{gen: e.gen, phase: phaseAdmitted, prompt: int32(o.PromptTokens), output: int32(out),
+		arrival: t, id: o.ID, prefix: o.Prefix, prefill: -1, decode: -1, tailEngine: -1}
+	h := makeHandle(slot, e.gen)
+	r.awaitingOutput += int64(out)
+	if ttft > r.slo.TTFTS && !r.urgent {
+		r.urgent = true
+		r.trigger = Trigger{Request: o.ID, Handle: h, ProjectedTTFT: ttft, AtS: t}
+	}
+	if r.nWaiting == 0 {
+		if p, ok := r.dispatch(t, slot); ok {
+			return Outcome{Handle: h, Status: Dispatched, Placement: p}
+		}
+	}
+	r.enqueue(slot, h, tail, tailDur)
+	return Outcome{Handle: h, Status: Waiting}
+}
+
+func retryAfter(s float64) int { return max(1, int(math.Ceil(s))) }
+
+func (r *Router) reject(c Code, retry int) Outcome {
+	r.counters.Overflow.add(c)
+	if c.Status() != 429 {
+		retry = 0
+	}
+	return Outcome{Status: Rejected, Code: c, RetryAfterS: retry}
+}
+
+// expectedOutput is a request's expected output tokens (role-control.md section 2).
+func (r *Router) expectedOutput(maxTokens int) int {
+	switch {
+	case maxTokens > 0:
+		return maxTokens
+	case r.outN > 0:
+		return int(max(1, r.outSum/r.outN))
+	}
+	return r.cfg.DefaultOutputTokens
+}
+
+func (r *Router) alloc() int32 {
+	if n := len(r.free); n > 0 {
+		s := r.free[n-1]
+		r.free = r.free[:n-1]
+		return s
+	}
+	r.slots = append(r.slots, entry{})
+	return int32(len(r.slots) - 1)
+}
+
+// release frees a slot; its handle goes stale.
+func (r *Router) release(slot int32) {
+	e := &r.slots[slot]
+	*e = entry{gen: e.gen + 1}
+	r.free = append(r.free, slot)
+}
+
+func (r *Router) lookup(h Handle) (*entry, int32, error) {
+	s := h.slot()
+	if h == 0 || s < 0 || int(s) >= len(r.slots) {
+		return nil, 0, ErrUnknownRequest
+	}
+	e := &r.slots[s]
+	if e.gen != h.gen() || e.phase == phaseFree {
+		return nil, 0, ErrUnknownRequest
+	}
+	return e, s, nil
+}
+
+func (r *Router) livePrefill() (n int) {
+	for i := range r.engines {
+		if e := &r.engines[i]; e.role == fleet.Prefill && e.canPrefill() {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *Router) liveDecode() (n int) {
+	for i := range r.engines {
+		if e := &r.engines[i]; e.role == fleet.Decode && e.live && e.prof.Decode != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// candidate reports whether engine i takes prefill work now: a live prefill engine, or the
+// fallback engine while there is one.
+func (r *Router) candidate(i int) bool {
+	if r.fallback >= 0 {
+		return i == int(r.fallback)
+	}
+	e := &r.engines[i]
+	return e.role == fleet.Prefill && e.canPrefill()
+}
+
+// projectTail is the FIFO completion projection of one more request at the tail of the waiting
+// set: the candidate engine on which it completes first, its prefill seconds there, and the
+// completion time. Prefix blocks an engine holds count as saved prefill work.
+func (r *Router) projectTail(t float64, tokens int, prefix []uint64) (best int, dur, done float64) {
+	cached := r.matchPrefix(prefix)
+	best, done = -1, math.Inf(1)
+	for i := range r.engines {
+		if !r.candidate(i) {
+			continue
+		}
+		e := &r.engines[i]
+		d := e.prefillSeconds(tokens - cached(i))
+		free := max(t, e.busyUntil)
+		if i == int(r.fallback) && r.fallbackPending > 0 {
+			free = max(free, r.fallbackDrain, t+e.stepSeconds(e.streams, e.kv))
+		}
+		if c := free + e.waitWork + d; c < done {
+			best, dur, done = i, d, c
+		}
+	}
+	r.resetPrefix()
+	return best, dur, done
+}
+
+// matchPrefix looks the prefix up in the affinity index and returns the cached tokens per engine.
+func (r *Router) matchPrefix(prefix []uint64) func(int) int {
+	if r.aff == nil || len(prefix) == 0 {
+		return noCache
+	}
+	r.aff.match(prefix)
+	return r.aff.cachedTokens
+}
+
+func noCache(int) int { return 0 }
+
+func (r *Router) resetPrefix() {
+	if r.aff != nil {
+		r.aff.reset()
+	}
+}
+
+// bestDecode is the live decode engine with the lowest projected seconds per token for one
+// more stream reserving need KV tokens, among those within stream and KV capacity. With mustFit
+// false and none within capacity it returns the lowest of all (for projections); -1 when none.
+func (r *Router) bestDecode(need int64, mustFit bool) int {
+	best, bestFit := -1, false
+	step := math.Inf(1)
+	for i := range r.engines {
+		e := &r.engines[i]
+		if e.role != fleet.Decode || !e.live || e.prof.Decode == nil || i == int(r.fallback) {
+			continue
+		}
+		fit := e.fits(need)
+		if mustFit && !fit {
+			continue
+		}
+		s := e.stepSeconds(e.streams+1, e.kv+need)
+		if (fit && !bestFit) || (fit == bestFit && s < step) {
+			best, bestFit, step = i, fit, s
+		}
+	}
+	return best
+}
+
+// enqueue puts an admitted offer at the tail of the waiting set with its projected engine.
+func (r *Router) enqueue(slot int32, h Handle, tail int, tailDur float64) {
+	e := &r.slots[slot]
+	e.phase = phaseWaiting
+	e.tailEngine, e.tailDur = int16(tail), tailDur
+	if tail >= 0 {
+		r.engines[tail].waitWork += tailDur
+	}
+	r.waiting.push(h)
+	r.nWaiting++
+	r.waitingTokens += int64(e.prompt)
+}
+
+// unqueue takes a waiting entry out of the waiting-set accounting (the ring skips it later).
+func (r *Router) unqueue(e *entry) {
+	if e.tailEngine >= 0 {
+		w := &r.engines[e.tailEngine]
+		w.waitWork = max(0, w.waitWork-e.tailDur)
+	}
+	e.tailEngine = -1
+	r.nWaiting--
+	r.waitingTokens -= int64(e.prompt)
+}
+
+// reproject recomputes the waiting-set projection from scratch (a pool changed).
+func (r *Router) reproject(t float64) {
+	for i := range r.engines {
+		r.engines[i].waitWork = 0
+	}
+	for i := 0; i < r.waiting.len(); i++ {
+		e, _, err := r.lookup(r.waiting.at(i))
+		if err != nil || e.phase != phaseWaiting {
+			continue
+		}
+		tail, dur, _ := r.projectTail(t, int(e.prompt), e.prefix)
+		e.tailEngine, e.tailDur = int16(tail), dur
+		if tail >= 0 {
+			r.engines[tail].waitWork += dur
+		}
+	}
+}
+
+// dispatch places one admitted request if an engine has room: the prefill engine on which it
+// completes first among those under prefill_concurrency, and the decode engine with the lowest
+// projected seconds per token within capacity (or the fallback engine for both).
+func (r *Router) dispatch(t float64, slot int32) (Placement, bool) {
+	e := &r.slots[slot]
+	need := int64(e.prompt) + int64(e.output)
+	p, d := -1, -1
+	var dur, start float64
+	if r.fallback >= 0 {
+		fb := &r.engines[r.fallback]
+		if r.fallbackPending > 0 || fb.prefilling >= fb.prof.PrefillConcurrency {
+			return Placement{}, false
+		}
+		p, d = int(r.fallback), int(r.fallback)
+		dur, start = fb.prefillSeconds(int(e.prompt)), max(t, fb.busyUntil)
+	} else {
+		cached := r.matchPrefix(e.prefix)
+		done := math.Inf(1)
+		for i := range r.engines {
+			c := &r.engines[i]
+			if !r.candidate(i) || c.prefilling >= c.prof.PrefillConcurrency {
+				continue
+			}
+			dd := c.prefillSeconds(int(e.prompt) - cached(i))
+			if s := max(t, c.busyUntil); s+dd < done {
+				p, dur, start, done = i, dd, s, s+dd
+			}
+		}
+		r.resetPrefix()
+		if p < 0 {
+			return Placement{}, false
+		}
+		if d = r.bestDecode(need, true); d < 0 {
+			return Placement{}, false
+		}
+	}
+	if e.phase == phaseWaiting {
+		r.unqueue(e)
+	}
+	pe, de := &r.engines[p], &r.engines[d]
+	pe.prefilling++
+	pe.queued += dur
+	pe.busyUntil = start + dur
+	de.streams++
+	de.kv += need
+
+	kind := Disaggregated
+	e.projFirst = start + dur
+	e.predStep = de.stepSeconds(de.streams, de.kv)
+	if p == d {
+		kind = Aggregate
+		r.counters.Dispatched.Aggregate++
+	} else {
+		e.projFirst += pe.prof.KVTransferS + e.predStep
+		r.counters.Dispatched.Disaggregated++
+	}
+	e.phase, e.aggregate = phasePrefilling, kind == Aggregate
+	e.prefill, e.decode = int16(p), int16(d)
+	e.dispatchAt, e.dur, e.kv = t, dur, need
+	e.seq = r.seq
+	r.seq++
+	r.nPrefilling++
+	if r.aff != nil && len(e.prefix) > 0 {
+		r.aff.record(e.prefix, int16(p))
+	}
+	e.prefix = nil
+	r.inFlight.push(makeHandle(slot, e.gen))
+	return Placement{
+		Kind: kind, Prefill: pe.id, Decode: de.id, PrefillAddr: pe.addr, DecodeAddr: de.addr,
+		ProjectedTTFT: e.projFirst - e.arrival,
+	}, true
+}
+
+// pump dispatches from the head of the waiting set, in strict FIFO order, while engines have
+// room; each dispatch goes to the outbox.
+func (r *Router) pump(t float64) {
+	for r.nWaiting > 0 {
+		h, _ := r.waiting.peek()
+		e, slot, err := r.lookup(h)
+		if err != nil || e.phase != phaseWaiting {
+			r.waiting.pop()
+			continue
+		}
+		p, ok := r.dispatch(t, slot)
+		if !ok {
+			return
+		}
+		r.waiting.pop()
+		r.outbox = append(r.outbox, Outcome{Handle: h, Status: Dispatched, Placement: p})
+	}
+	for r.waiting.len() > 0 { // drop stale handles left at the head
+		h, _ := r.waiting.peek()
+		if e, _, err := r.lookup(h); err == nil && e.phase == phaseWaiting {
+			return
+		}
+		r.waiting.pop()
+	}
+}
+
+// Ready returns the outcomes produced since the last call (dispatches and rejections of
+// waiting requests, in order). The slice is valid until the next call into the router.
+func (r *Router) Ready() []Outcome {
+	out := r.outbox
+	r.outbox = r.outbox[:0]
+	return out
+}
+
+// TakeTrigger returns the urgent-wake trigger raised since the last call, if any: the first
+// admitted offer whose projected TTFT exceeded slo.ttft_s.
+func (r *Router) TakeTrigger() (Trigger, bool) {
+	if !r.urgent {
+		return Trigger{}, false
+	}
+	r.urgent = false
+	return r.trigger, true
+}
+
+// Waiting reports whether the request is still in the waiting set.
+func (r *Router) Waiting(h Handle) bool {
+	e, _, err := r.lookup(h)
+	return err == nil && e.phase == phaseWaiting
+}
+
+// FirstToken records a dispatched request's first token: it leaves prefill residency (its
+// prefill engine gets room) and becomes a decode resident. The observation corrects the prefill
+// engine's profile.
+func (r *Router) FirstToken(now time.Time, h Handle) error {
+	t := r.at(now)
+	e, _, err := r.lookup(h)
+	if err != nil {
+		return err
+	}
+	if e.phase != phasePrefilling {
+		return ErrPhase
+	}
+	r.endPrefill(t, e, true)
+	r.pump(t)
+	return nil
+}
+
+// endPrefill moves a prefilling entry to decoding.
+func (r *Router) endPrefill(t float64, e *entry, observed bool) {
+	p := &r.engines[e.prefill]
+	p.prefilling--
+	p.queued = max(0, p.queued-e.dur)
+	if p.prefilling == 0 {
+		p.queued = 0
+		p.busyUntil = min(p.busyUntil, t)
+	} else {
+		p.busyUntil = t + p.queued
+	}
+	if observed {
+		if pred := e.projFirst - e.dispatchAt; pred > 0 {
+			r.correct(p, 0, (t-e.dispatchAt)/pred)
+		}
+	}
+	e.phase, e.firstAt = phaseDecoding, t
+	r.nPrefilling--
+	r.nDecoding++
+	r.awaitingOutput -= int64(e.output)
+}
+
+// correct folds one observed/predicted ratio into an engine's correction for a phase.
+func (r *Router) correct(e *engine, ph int, ratio float64) {
+	if math.IsNaN(ratio) || math.IsInf(ratio, 0) {
+		return
+	}
+	ratio = min(max(ratio, minCorrection), maxCorrection)
+	c := e.corr[ph]
+	c = (1-correctionEWMA)*c + correctionEWMA*c*ratio
+	e.corr[ph] = min(max(c, minCorrection), maxCorrection)
+	e.samples[ph]++
+}
+
+// Complete records the end of a dispatched request with outputTokens generated (0 when
+// unknown). A request that ends without a first token seen (a non-streaming response) leaves
+// prefill residency now.
+func (r *Router) Complete(now time.Time, h Handle, outputTokens int) error {
+	t := r.at(now)
+	e, slot, err := r.lookup(h)
+	if err != nil {
+		return err
+	}
+	if e.phase != phasePrefilling && e.phase != phaseDecoding {
+		return ErrPhase
+	}
+	if outputTokens > 0 {
+		r.outN++
+		r.outSum += int64(outputTokens)
+	}
+	if e.phase == phaseDecoding && outputTokens >= 2 && e.predStep > 0 {
+		r.correct(&r.engines[e.decode], 1, (t-e.firstAt)/float64(outputTokens-1)/e.predStep)
+	}
+	r.counters.Completed++
+	r.finish(t, e, slot)
+	return nil
+}
+
+// Fail records a dispatched request that failed (engine error, upstream reset).
+func (r *Router) Fail(now time.Time, h Handle) error {
+	t := r.at(now)
+	e, slot, err := r.lookup(h)
+	if err != nil {
+		return err
+	}
+	if e.phase != phasePrefilling && e.phase != phaseDecoding {
+		return ErrPhase
+	}
+	r.counters.Failed++
+	r.finish(t, e, slot)
+	return nil
+}
+
+// Cancel records a client cancel: a waiting request leaves the waiting set, an in-flight one
+// releases what it held.
+func (r *Router) Cancel(now time.Time, h Handle) error {
+	t := r.at(now)
+	e, slot, err := r.lookup(h)
+	if err != nil {
+		return err
+	}
+	if e.phase == phaseWaiting {
+		r.unqueue(e)
+		r.awaitingOutput -= int64(e.output)
+		r.counters.Cancelled.Waiting++
+		r.release(slot)
+		r.pump(t)
+		return nil
+	}
+	r.counters.Cancelled.InFlight++
+	r.finish(t, e, slot)
+	return nil
+}
+
+// finish releases an in-flight request's residency and frees it.
+func (r *Router) finish(t float64, e *entry, slot int32) {
+	if e.phase == phasePrefilling {
+		r.endPrefill(t, e, false)
+	}
+	d := &r.engines[e.decode]
+	d.streams--
+	d.kv -= e.kv
+	r.nDecoding--
+	if e.decode == r.fallback && e.seq < r.fallbackSeq && r.fallbackPending > 0 {
+		r.fallbackPending--
+	}
+	r.release(slot)
+	r.pump(t)
+}
+
+// Tick applies time: waiting requests past router.waiting_set.max_wait_s are rejected
+// (wait_timeout, through Ready), dispatched requests with no first token after
+// router.first_token_timeout_s are counted, and the waiting set is pumped.
+func (r *Router) Tick(now time.Time) {
+	t := r.at(now)
+	r.demand.expire(t)
+	for r.waiting.len() > 0 {
+		h, _ := r.waiting.peek()
+		e, slot, err := r.lookup(h)
+		if err != nil || e.phase != phaseWaiting {
+			r.waiting.pop()
+			continue
+		}
+		if e.arrival+r.cfg.WaitingSet.MaxWaitS > t {
+			break
+		}
+		r.waiting.pop()
+		r.unqueue(e)
+		r.awaitingOutput -= int64(e.output)
+		r.counters.Overflow.WaitTimeout++
+		r.release(slot)
+		r.outbox = append(r.outbox, Outcome{Handle: h, Status: Rejected, Code: WaitTimeout})
+	}
+	for r.inFlight.len() > 0 {
+		h, _ := r.inFlight.peek()
+		e, _, err := r.lookup(h)
+		if err == nil && e.phase == phasePrefilling {
+			if e.dispatchAt+r.cfg.FirstTokenTimeoutS > t {
+				break
+			}
+			r.counters.FirstTokenTimeouts++
+		}
+		r.inFlight.pop()
+	}
+	r.pump(t)
+}
+
+// NextDeadline is the earliest time at which Tick has work: the oldest waiting request's wait
+// limit or the oldest prefilling request's first-token limit.
+func (r *Router) NextDeadline() (time.Time, bool) {
+	next := math.Inf(1)
+	if h, ok := r.waiting.peek(); ok {
+		if e, _, err := r.lookup(h); err == nil && e.phase == phaseWaiting {
+			next = e.arrival + r.cfg.WaitingSet.MaxWaitS
+		} else {
+			next = r.now // stale head: tidy up now
+		}
+	}
+	if h, ok := r.inFlight.peek(); ok {
+		if e, _, err := r.lookup(h); err == nil && e.phase == phasePrefilling {
+			next = min(next, e.dispatchAt+r.cfg.FirstTokenTimeoutS)
+		} else {
+			next = r.now
+		}
+	}
+	if math.IsInf(next, 1) {
+		return time.Time{}, false
+	}
+	return r.Time(next), true
+}
+
+// updateFallback keeps the aggregate fallback (role-control.md section 8): with no live prefill
+// engine, the lightest live decode engine that can prefill becomes the fallback; it takes new
+// work only after the decode residents it had drain. Fallback ends when a prefill engine is live.
+func (r *Router) updateFallback(t float64) {
+	if r.livePrefill() > 0 {
+		r.fallback = -1
+		return
+	}
+	if r.fallback >= 0 {
+		if fb := &r.engines[r.fallback]; fb.live && fb.role == fleet.Decode {
+			return
+		}
+	}
+	r.fallback = -1
+	best := -1
+	for i := range r.engines {
+		e := &r.engines[i]
+		if e.role == fleet.Decode && e.canPrefill() && e.prof.Decode != nil && (best < 0 || e.streams < r.engines[best].streams) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return
+	}
+	fb := &r.engines[best]
+	r.fallback, r.fallbackSeq, r.fallbackPending = int16(best), r.seq, fb.streams
+	// Projected drain: every resident decodes its expected output at the current step time.
+	step := fb.stepSeconds(fb.streams, fb.kv)
+	r.fallbackDrain = t
+	for i := range r.slots {
+		e := &r.slots[i]
+		if (e.phase == phasePrefilling || e.phase == phaseDecoding) && int(e.decode) == best {
+			begin := e.projFirst
+			if e.phase == phaseDecoding {
+				begin = e.firstAt
+			}
+			r.fallbackDrain = max(r.fallbackDrain, begin+float64(e.output)*step)
+		}
+	}
+}
+
+// Snapshot reports the router's counters, retained demand, demand estimates and engine loads.
+func (r *Router) Snapshot(now time.Time) Snapshot {
+	t := r.at(now)
+	s := Snapshot{
+		Counters: r.counters,
+		Retained: Retained{
+			Waiting: r.nWaiting, WaitingTokens: r.waitingTokens, Prefilling: r.nPrefilling,
+			AwaitingOutputTokens: r.awaitingOutput, Decoding: r.nDecoding,
+		},
+		Demand:  r.demand.estimate(t),
+		Engines: make([]EngineLoad, len(r.engines)),
+	}
+	s.Retained.Samples = r.demand.long.n
+	for i := range r.engines {
+		e := &r.engines[i]
+		s.Engines[i] = EngineLoad{
+			ID: e.id, PrefillResidents: e.prefilling, DecodeResidents: e.streams,
+			BusyUntilS: max(0, e.busyUntil-t), Correction: Correction{Prefill: e.corr[0], Decode: e.corr[1]},
+			Fallback: i == int(r.fallback),
+		}
+	}
+	if r.fallback >= 0 {
+		s.Fallback = r.engines[r.fallback].id
+	}
+	return s
+}

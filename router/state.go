@@ -1,0 +1,126 @@
+package router
+
+// Rates is one demand estimate.
+type Rates struct {
+	ArrivalsPerS     float64 `json:"arrivals_per_s"`
+	PromptTokensPerS float64 `json:"prompt_tokens_per_s"`
+	OutputTokensPerS float64 `json:"output_tokens_per_s"`
+}
+
+// Max is the component-wise maximum (priced demand).
+func (r Rates) Max(o Rates) Rates {
+	return Rates{max(r.ArrivalsPerS, o.ArrivalsPerS), max(r.PromptTokensPerS, o.PromptTokensPerS), max(r.OutputTokensPerS, o.OutputTokensPerS)}
+}
+
+// Demand holds the short, long and priced demand estimates.
+type Demand struct {
+	Short  Rates `json:"short"`
+	Long   Rates `json:"long"`
+	Priced Rates `json:"priced"`
+}
+
+// Retained is the retained demand: samples in the demand windows and the work the router holds.
+type Retained struct {
+	Samples              int   `json:"samples"`
+	Waiting              int   `json:"waiting"`
+	WaitingTokens        int64 `json:"waiting_tokens"`
+	Prefilling           int   `json:"prefilling"`
+	AwaitingOutputTokens int64 `json:"awaiting_output_tokens"`
+	Decoding             int   `json:"decoding"`
+}
+
+// Counters are the demand accounting counters (contract.md). In every snapshot:
+//
+//	offers   = invalid + admitted + overflow (all but wait_timeout)
+//	admitted = retained.waiting + dispatched + overflow.wait_timeout + cancelled.waiting
+//	dispatched = retained.prefilling + retained.decoding + completed + failed + cancelled.in_flight
+type Counters struct {
+	Offers             uint64     `json:"offers"`
+	Invalid            uint64     `json:"invalid"`
+	Admitted           uint64     `json:"admitted"`
+	Overflow           Overflow   `json:"overflow"`
+	Dispatched         Dispatches `json:"dispatched"`
+	Completed          uint64     `json:"completed"`
+	Failed             uint64     `json:"failed"`
+	Cancelled          Cancelled  `json:"cancelled"`
+	FirstTokenTimeouts uint64     `json:"first_token_timeouts"`
+}
+
+// Overflow counts offers turned away, by reason.
+type Overflow struct {
+	WaitingSetFull   uint64 `json:"waiting_set_full"`
+	PredictedSLOMiss uint64 `json:"predicted_slo_miss"`
+	FallbackBusy     uint64 `json:"fallback_busy"`
+	NoCapacity       uint64 `json:"no_capacity"`
+	WaitTimeout      uint64 `json:"wait_timeout"`
+}
+
+func (o *Overflow) add(c Code) {
+	switch c {
+	case WaitingSetFull:
+		o.WaitingSetFull++
+	case PredictedSLOMiss:
+		o.PredictedSLOMiss++
+	case FallbackBusy:
+		o.FallbackBusy++
+	case NoCapacity:
+		o.NoCapacity++
+	case WaitTimeout:
+		o.WaitTimeout++
+	}
+}
+
+// Dispatches counts placements by kind.
+type Dispatches struct {
+	Disaggregated uint64 `json:"disaggregated"`
+	Aggregate     uint64 `json:"aggregate"`
+}
+
+// Total is every dispatch.
+func (d Dispatches) Total() uint64 { return d.Disaggregated + d.Aggregate }
+
+// Cancelled counts client cancels by where the request was.
+type Cancelled struct {
+	Waiting  uint64 `json:"waiting"`
+	InFlight uint64 `json:"in_flight"`
+}
+
+// EngineLoad is one engine as the router sees it.
+type EngineLoad struct {
+	ID               string     `json:"id"`
+	PrefillResidents int        `json:"prefill_residents"`
+	DecodeResidents  int        `json:"decode_residents"`
+	BusyUntilS       float64    `json:"busy_until_s"` // projected prefill work left, seconds from now
+	Correction       Correction `json:"correction"`
+	Fallback         bool       `json:"fallback,omitempty"`
+}
+
+// Correction is an engine's online profile correction factor per phase (1 = as profiled).
+type Correction struct {
+	Prefill float64 `json:"prefill"`
+	Decode  float64 `json:"decode"`
+}
+
+// Snapshot is the router's state at one instant; its counters obey the conservation laws.
+type Snapshot struct {
+	Counters Counters     `json:"counters"`
+	Retained Retained     `json:"retained"`
+	Demand   Demand       `json:"demand"`
+	Engines  []EngineLoad `json:"engines"`
+	Fallback string       `json:"fallback,omitempty"` // the aggregate fallback engine, if any
+}
+
+// Conserved checks the three conservation laws; it returns the first one broken, or "".
+func (s *Snapshot) Conserved() string {
+	c, o := &s.Counters, &s.Counters.Overflow
+	if c.Offers != c.Invalid+c.Admitted+o.WaitingSetFull+o.PredictedSLOMiss+o.FallbackBusy+o.NoCapacity {
+		return "offers != invalid + admitted + overflow"
+	}
+	if c.Admitted != uint64(s.Retained.Waiting)+c.Dispatched.Total()+o.WaitTimeout+c.Cancelled.Waiting {
+		return "admitted != waiting + dispatched + wait_timeout + cancelled.waiting"
+	}
+	if c.Dispatched.Total() != uint64(s.Retained.Prefilling+s.Retained.Decoding)+c.Completed+c.Failed+c.Cancelled.InFlight {
+		return "dispatched != prefilling + decoding + completed + failed + cancelled.in_flight"
+	}
+	return ""
+}

@@ -1,0 +1,129 @@
+package router
+
+import "errors"
+
+// Errors of the router's inputs. Handles of requests the router no longer holds (finished,
+// rejected, or unknown) are refused with ErrUnknownRequest; callers may ignore it on races
+// such as a cancel after a completion.
+var (
+	ErrUnknownRequest = errors.New("router: unknown request")
+	ErrPhase          = errors.New("router: request is not in that phase")
+)
+
+// Handle identifies one admitted request while the router holds it. The zero Handle is never
+// issued.
+type Handle uint64
+
+func makeHandle(slot int32, gen uint32) Handle {
+	return Handle(uint64(gen)<<32 | uint64(uint32(slot)+1))
+}
+
+func (h Handle) slot() int32 { return int32(uint32(h)) - 1 }
+func (h Handle) gen() uint32 { return uint32(h >> 32) }
+
+// Offer is one valid, locally sized inference request.
+type Offer struct {
+	ID           string // Narwhal's request id (Envoy's x-request-id when present)
+	PromptTokens int
+	MaxTokens    int // the request's max_tokens / max_completion_tokens; 0 when unset
+	// Prefix holds the chained hashes of the prompt's prefix blocks (router.prefix_affinity
+	// .block_tokens tokens each), for prefix affinity. The router keeps the slice until the
+	// request is dispatched; the caller must not change it before then.
+	Prefix []uint64
+}
+
+// Code names a rejection, as the contract's error codes do.
+type Code uint8
+
+// Rejection codes.
+const (
+	WaitingSetFull Code = iota + 1
+	PredictedSLOMiss
+	FallbackBusy
+	NoCapacity
+	WaitTimeout
+)
+
+func (c Code) String() string {
+	switch c {
+	case WaitingSetFull:
+		return "waiting_set_full"
+	case PredictedSLOMiss:
+		return "predicted_slo_miss"
+	case FallbackBusy:
+		return "fallback_busy"
+	case NoCapacity:
+		return "no_capacity"
+	case WaitTimeout:
+		return "wait_timeout"
+	}
+	return "unknown"
+}
+
+// Status is the HTTP status of a rejection (contract.md).
+func (c Code) Status() int {
+	switch c {
+	case WaitingSetFull, PredictedSLOMiss, FallbackBusy:
+		return 429
+	case NoCapacity:
+		return 503
+	case WaitTimeout:
+		return 504
+	}
+	return 500
+}
+
+// Kind says how a request was placed.
+type Kind uint8
+
+// Placement kinds.
+const (
+	Disaggregated Kind = iota + 1 // prefill on one engine, decode on another
+	Aggregate                     // both phases on the fallback engine, no handoff
+)
+
+func (k Kind) String() string {
+	if k == Aggregate {
+		return "aggregate"
+	}
+	return "disaggregated"
+}
+
+// Placement is where a dispatched request goes.
+type Placement struct {
+	Kind    Kind
+	Prefill string // engine id that prefills (the fallback engine for Aggregate)
+	Decode  string // engine id that decodes
+	// PrefillAddr and DecodeAddr are the engines' IP:port.
+	PrefillAddr, DecodeAddr string
+	// ProjectedTTFT is the projected time to first token from the request's arrival, seconds.
+	ProjectedTTFT float64
+}
+
+// Status of an offer or of a request the router reports on.
+type Status uint8
+
+// Statuses.
+const (
+	Waiting    Status = iota + 1 // admitted, in the waiting set: an Output will follow
+	Dispatched                   // placed: Placement is set
+	Rejected                     // turned away: Code (and RetryAfterS for 429) are set
+)
+
+// Outcome is the router's answer to an offer, and each entry of its outbox.
+type Outcome struct {
+	Handle      Handle
+	Status      Status
+	Placement   Placement // when Dispatched
+	Code        Code      // when Rejected
+	RetryAfterS int       // when Rejected with a 429: seconds the client should wait
+}
+
+// Trigger is an urgent-wake request for the controller: an admitted offer whose projected TTFT
+// exceeds slo.ttft_s. The router raises it; coalescing is the controller's job.
+type Trigger struct {
+	Request       string
+	Handle        Handle
+	ProjectedTTFT float64
+	AtS           float64 // seconds since the router started
+}
