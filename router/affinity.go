@@ -84,7 +84,10 @@ func (a *affinity) cachedTokens(e int) int { return int(a.matched[e]) * a.block 
 // record notes that engine e prefilled prefix.
 func (a *affinity) record(prefix []uint64, e int16) {
 	for _, h := range prefix {
-		hs, _ := a.lru.Get(h)
+		hs, ok := a.lru.Get(h) // Get marks the block recently used
+		if ok && hs.n > 0 && hs.engines[0] == e {
+			continue
+		}
 		hs.add(e)
 		a.lru.Add(h, hs)
 	}

@@ -98,6 +98,11 @@ type Router struct {
 
 	engines []engine
 	byID    map[string]int16
+	// prefillPool holds the engines that take prefill work now: the live prefill engines, or
+	// the fallback engine; decodePool the live decode engines (not the fallback). Rebuilt on
+	// every fleet change.
+	prefillPool, decodePool []int16
+	livePrefill             int
 
 	slots    []entry
 	free     []int32
@@ -171,6 +176,7 @@ func (r *Router) SetFleet(now time.Time, snap fleet.Snapshot) {
 		e.role, e.live, e.addr = fe.Role, fe.Live(), fe.Addr
 	}
 	r.updateFallback(t)
+	r.rebuildPools()
 	r.reproject(t)
 	r.pump(t)
 }
@@ -188,28 +194,43 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 	t := r.at(now)
 	r.counters.Offers++
 	fallback := r.fallback >= 0
-	if !fallback && (r.livePrefill() == 0 || r.liveDecode() == 0) {
+	if !fallback && (r.livePrefill == 0 || len(r.decodePool) == 0) {
 		return r.reject(NoCapacity, 0)
 	}
 	if r.nWaiting >= r.cfg.WaitingSet.Capacity {
 		return r.reject(WaitingSetFull, 1)
 	}
-	tail, tailDur, done := r.projectTail(t, o.PromptTokens, o.Prefix)
-	ttft := done - t
-	if !fallback {
-		d := r.bestDecode(int64(o.PromptTokens+r.expectedOutput(o.MaxTokens)), false)
-		if d >= 0 {
-			ttft += r.engines[tail].prof.KVTransferS + r.engines[d].stepSeconds(r.engines[d].streams+1, r.engines[d].kv)
+	out := r.expectedOutput(o.MaxTokens)
+	need := int64(o.PromptTokens + out)
+	var (
+		pl      plan
+		now0    bool // placed at once
+		tail    = -1
+		tailDur float64
+		ttft    float64
+	)
+	if r.nWaiting == 0 {
+		pl, now0 = r.plan(t, o.PromptTokens, need, o.Prefix)
+	}
+	if now0 {
+		ttft = pl.first - t
+	} else {
+		var done float64
+		tail, tailDur, done = r.projectTail(t, o.PromptTokens, o.Prefix)
+		ttft = done - t
+		if !fallback {
+			if d := r.bestDecode(need, false); d >= 0 {
+				ttft += r.engines[tail].prof.KVTransferS + r.engines[d].stepSeconds(r.engines[d].streams+1, r.engines[d].kv+need)
+			}
+		} else if r.fallbackPending > 0 && ttft > r.cfg.WaitingSet.MaxWaitS {
+			return r.reject(FallbackBusy, retryAfter(ttft-r.cfg.WaitingSet.MaxWaitS))
 		}
-	} else if r.fallbackPending > 0 && ttft > r.cfg.WaitingSet.MaxWaitS {
-		return r.reject(FallbackBusy, retryAfter(ttft-r.cfg.WaitingSet.MaxWaitS))
 	}
 	if rr := r.cfg.Admission.RejectRatio; rr > 0 && ttft > rr*r.slo.TTFTS {
 		return r.reject(PredictedSLOMiss, retryAfter(ttft-r.slo.TTFTS))
 	}
 
 	r.counters.Admitted++
-	out := r.expectedOutput(o.MaxTokens)
 	r.demand.add(t, o.PromptTokens, out)
 	slot := r.alloc()
 	e := &r.slots[slot]
@@ -221,10 +242,8 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 		r.urgent = true
 		r.trigger = Trigger{Request: o.ID, Handle: h, ProjectedTTFT: ttft, AtS: t}
 	}
-	if r.nWaiting == 0 {
-		if p, ok := r.dispatch(t, slot); ok {
-			return Outcome{Handle: h, Status: Dispatched, Placement: p}
-		}
+	if now0 {
+		return Outcome{Handle: h, Status: Dispatched, Placement: r.commit(t, slot, pl)}
 	}
 	r.enqueue(slot, h, tail, tailDur)
 	return Outcome{Handle: h, Status: Waiting}
@@ -280,7 +299,7 @@ func (r *Router) lookup(h Handle) (*entry, int32, error) {
 	return e, s, nil
 }
 
-func (r *Router) livePrefill() (n int) {
+func (r *Router) countLivePrefill() (n int) {
 	for i := range r.engines {
 		if e := &r.engines[i]; e.role == fleet.Prefill && e.canPrefill() {
 			n++
@@ -289,23 +308,25 @@ func (r *Router) livePrefill() (n int) {
 	return n
 }
 
-func (r *Router) liveDecode() (n int) {
+// rebuildPools recomputes the prefill and decode pools after a fleet or fallback change.
+func (r *Router) rebuildPools() {
+	r.prefillPool, r.decodePool = r.prefillPool[:0], r.decodePool[:0]
+	r.livePrefill = 0
 	for i := range r.engines {
-		if e := &r.engines[i]; e.role == fleet.Decode && e.live && e.prof.Decode != nil {
-			n++
+		e := &r.engines[i]
+		switch {
+		case e.role == fleet.Prefill && e.canPrefill():
+			r.livePrefill++
+			if r.fallback < 0 {
+				r.prefillPool = append(r.prefillPool, int16(i))
+			}
+		case e.role == fleet.Decode && e.live && e.prof.Decode != nil && i != int(r.fallback):
+			r.decodePool = append(r.decodePool, int16(i))
 		}
 	}
-	return n
-}
-
-// candidate reports whether engine i takes prefill work now: a live prefill engine, or the
-// fallback engine while there is one.
-func (r *Router) candidate(i int) bool {
 	if r.fallback >= 0 {
-		return i == int(r.fallback)
+		r.prefillPool = append(r.prefillPool, r.fallback)
 	}
-	e := &r.engines[i]
-	return e.role == fleet.Prefill && e.canPrefill()
 }
 
 // projectTail is the FIFO completion projection of one more request at the tail of the waiting
@@ -314,10 +335,8 @@ func (r *Router) candidate(i int) bool {
 func (r *Router) projectTail(t float64, tokens int, prefix []uint64) (best int, dur, done float64) {
 	cached := r.matchPrefix(prefix)
 	best, done = -1, math.Inf(1)
-	for i := range r.engines {
-		if !r.candidate(i) {
-			continue
-		}
+	for _, i16 := range r.prefillPool {
+		i := int(i16)
 		e := &r.engines[i]
 		d := e.prefillSeconds(tokens - cached(i))
 		free := max(t, e.busyUntil)
@@ -355,11 +374,9 @@ func (r *Router) resetPrefix() {
 func (r *Router) bestDecode(need int64, mustFit bool) int {
 	best, bestFit := -1, false
 	step := math.Inf(1)
-	for i := range r.engines {
+	for _, i16 := range r.decodePool {
+		i := int(i16)
 		e := &r.engines[i]
-		if e.role != fleet.Decode || !e.live || e.prof.Decode == nil || i == int(r.fallback) {
-			continue
-		}
 		fit := e.fits(need)
 		if mustFit && !fit {
 			continue
@@ -414,77 +431,90 @@ func (r *Router) reproject(t float64) {
 	}
 }
 
-// dispatch places one admitted request if an engine has room: the prefill engine on which it
-// completes first among those under prefill_concurrency, and the decode engine with the lowest
-// projected seconds per token within capacity (or the fallback engine for both).
-func (r *Router) dispatch(t float64, slot int32) (Placement, bool) {
-	e := &r.slots[slot]
-	need := int64(e.prompt) + int64(e.output)
-	p, d := -1, -1
-	var dur, start float64
+// plan is a placement decided but not yet applied.
+type plan struct {
+	p, d       int
+	start, dur float64
+	first      float64 // projected first-token time
+	need       int64
+}
+
+// plan picks the engines for one request if an engine has room: the prefill engine on which it
+// completes first among those under prefill_concurrency (prefix blocks it holds are saved
+// work), and the decode engine with the lowest projected seconds per token within capacity; or
+// the fallback engine for both once it has drained.
+func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64) (plan, bool) {
+	pl := plan{p: -1, d: -1, need: need}
 	if r.fallback >= 0 {
 		fb := &r.engines[r.fallback]
 		if r.fallbackPending > 0 || fb.prefilling >= fb.prof.PrefillConcurrency {
-			return Placement{}, false
+			return pl, false
 		}
-		p, d = int(r.fallback), int(r.fallback)
-		dur, start = fb.prefillSeconds(int(e.prompt)), max(t, fb.busyUntil)
-	} else {
-		cached := r.matchPrefix(e.prefix)
-		done := math.Inf(1)
-		for i := range r.engines {
-			c := &r.engines[i]
-			if !r.candidate(i) || c.prefilling >= c.prof.PrefillConcurrency {
-				continue
-			}
-			dd := c.prefillSeconds(int(e.prompt) - cached(i))
-			if s := max(t, c.busyUntil); s+dd < done {
-				p, dur, start, done = i, dd, s, s+dd
-			}
+		pl.p, pl.d = int(r.fallback), int(r.fallback)
+		pl.dur, pl.start = fb.prefillSeconds(prompt), max(t, fb.busyUntil)
+		pl.first = pl.start + pl.dur
+		return pl, true
+	}
+	cached := r.matchPrefix(prefix)
+	done := math.Inf(1)
+	for _, i16 := range r.prefillPool {
+		i := int(i16)
+		c := &r.engines[i]
+		if c.prefilling >= c.prof.PrefillConcurrency {
+			continue
 		}
-		r.resetPrefix()
-		if p < 0 {
-			return Placement{}, false
-		}
-		if d = r.bestDecode(need, true); d < 0 {
-			return Placement{}, false
+		dd := c.prefillSeconds(prompt - cached(i))
+		if s := max(t, c.busyUntil); s+dd < done {
+			pl.p, pl.dur, pl.start, done = i, dd, s, s+dd
 		}
 	}
+	r.resetPrefix()
+	if pl.p < 0 {
+		return pl, false
+	}
+	if pl.d = r.bestDecode(need, true); pl.d < 0 {
+		return pl, false
+	}
+	de := &r.engines[pl.d]
+	pl.first = pl.start + pl.dur + r.engines[pl.p].prof.KVTransferS + de.stepSeconds(de.streams+1, de.kv+need)
+	return pl, true
+}
+
+// commit applies a plan to an admitted or waiting request.
+func (r *Router) commit(t float64, slot int32, pl plan) Placement {
+	e := &r.slots[slot]
 	if e.phase == phaseWaiting {
 		r.unqueue(e)
 	}
-	pe, de := &r.engines[p], &r.engines[d]
+	pe, de := &r.engines[pl.p], &r.engines[pl.d]
 	pe.prefilling++
-	pe.queued += dur
-	pe.busyUntil = start + dur
+	pe.queued += pl.dur
+	pe.busyUntil = pl.start + pl.dur
 	de.streams++
-	de.kv += need
-
+	de.kv += pl.need
 	kind := Disaggregated
-	e.projFirst = start + dur
-	e.predStep = de.stepSeconds(de.streams, de.kv)
-	if p == d {
+	if pl.p == pl.d {
 		kind = Aggregate
 		r.counters.Dispatched.Aggregate++
 	} else {
-		e.projFirst += pe.prof.KVTransferS + e.predStep
 		r.counters.Dispatched.Disaggregated++
 	}
 	e.phase, e.aggregate = phasePrefilling, kind == Aggregate
-	e.prefill, e.decode = int16(p), int16(d)
-	e.dispatchAt, e.dur, e.kv = t, dur, need
+	e.prefill, e.decode = int16(pl.p), int16(pl.d)
+	e.dispatchAt, e.dur, e.kv, e.projFirst = t, pl.dur, pl.need, pl.first
+	e.predStep = de.stepSeconds(de.streams, de.kv)
 	e.seq = r.seq
 	r.seq++
 	r.nPrefilling++
 	if r.aff != nil && len(e.prefix) > 0 {
-		r.aff.record(e.prefix, int16(p))
+		r.aff.record(e.prefix, int16(pl.p))
 	}
 	e.prefix = nil
 	r.inFlight.push(makeHandle(slot, e.gen))
 	return Placement{
 		Kind: kind, Prefill: pe.id, Decode: de.id, PrefillAddr: pe.addr, DecodeAddr: de.addr,
 		ProjectedTTFT: e.projFirst - e.arrival,
-	}, true
+	}
 }
 
 // pump dispatches from the head of the waiting set, in strict FIFO order, while engines have
@@ -497,12 +527,12 @@ func (r *Router) pump(t float64) {
 			r.waiting.pop()
 			continue
 		}
-		p, ok := r.dispatch(t, slot)
+		pl, ok := r.plan(t, int(e.prompt), int64(e.prompt)+int64(e.output), e.prefix)
 		if !ok {
 			return
 		}
 		r.waiting.pop()
-		r.outbox = append(r.outbox, Outcome{Handle: h, Status: Dispatched, Placement: p})
+		r.outbox = append(r.outbox, Outcome{Handle: h, Status: Dispatched, Placement: r.commit(t, slot, pl)})
 	}
 	for r.waiting.len() > 0 { // drop stale handles left at the head
 		h, _ := r.waiting.peek()
@@ -729,7 +759,7 @@ func (r *Router) NextDeadline() (time.Time, bool) {
 // engine, the lightest live decode engine that can prefill becomes the fallback; it takes new
 // work only after the decode residents it had drain. Fallback ends when a prefill engine is live.
 func (r *Router) updateFallback(t float64) {
-	if r.livePrefill() > 0 {
+	if r.countLivePrefill() > 0 {
 		r.fallback = -1
 		return
 	}
