@@ -16,7 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/router"
 )
 
 // Options configure a Server.
@@ -27,6 +29,10 @@ type Options struct {
 	Now      func() time.Time    // the clock of state times and fleet changes
 	Start    time.Time           // when the process started (the evidence window opened)
 	Logger   *slog.Logger
+	// Router reports the data path's counters, demand and engine loads; nil before it runs.
+	Router interface{ Snapshot() router.Snapshot }
+	// Sizing reports the running sizing error per model; nil when not sizing.
+	Sizing func() []extproc.SizingError
 }
 
 // Server is the admin HTTP API. Create it with New; it is ready once SetReady(true).
@@ -73,9 +79,20 @@ func (s *Server) Snapshot() State {
 		Time:           rfc3339(s.o.Now()),
 		Advisory:       s.o.Config.Controller.Advisory,
 		EvidenceWindow: EvidenceWindow{Open: true, OpenedAt: rfc3339(s.o.Start)},
+		Sizing:         []SizingState{},
 		Decisions:      []json.RawMessage{},
 	}
-	fleetState(&st, &snap)
+	var loads []router.EngineLoad
+	if s.o.Router != nil {
+		rs := s.o.Router.Snapshot()
+		st.Counters, st.Retained, st.Demand, st.Fallback, loads = rs.Counters, rs.Retained, rs.Demand, rs.Fallback, rs.Engines
+	}
+	if s.o.Sizing != nil {
+		for _, e := range s.o.Sizing() {
+			st.Sizing = append(st.Sizing, SizingState{Model: e.Model, Samples: e.Samples, MAPE: e.MAPE, Bias: e.Bias, BytesPerToken: e.BytesPerToken})
+		}
+	}
+	fleetState(&st, &snap, loads)
 	return st
 }
 

@@ -15,11 +15,14 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
 	"github.com/narwhal-llm/narwhal/admin"
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/router"
 )
 
 func newServe(g *globalFlags, stderr io.Writer) *cobra.Command {
@@ -49,15 +52,21 @@ func newServe(g *globalFlags, stderr io.Writer) *cobra.Command {
 // serve runs Narwhal on a validated config until ctx is done, then shuts down within
 // shutdown_grace_s. Listeners open first, so that a port in use fails before anything runs.
 func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
-	adminLn, err := net.Listen("tcp", cfg.Listen.Admin)
+	lns, err := listenAll(cfg)
 	if err != nil {
-		return failureErr(fmt.Errorf("listen.admin %s: %w", cfg.Listen.Admin, unwrapOp(err)))
+		return err
 	}
+	adminLn, extprocLn := lns[0], lns[1]
 	start := time.Now()
 	f, err := fleet.New(cfg, start)
 	if err != nil {
-		_ = adminLn.Close()
+		closeAll(lns)
 		return usageErr(err)
+	}
+	sizer, err := extproc.NewSizer(cfg.Router.Sizing)
+	if err != nil {
+		closeAll(lns)
+		return usageErr(fmt.Errorf("router.sizing: %w", err))
 	}
 	f.OnChange(func(ev fleet.Event) {
 		log.Info("fleet change", "version", ev.Version, "kind", ev.Kind, "engine", ev.Engine,
@@ -65,7 +74,13 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	})
 	reg := prometheus.NewRegistry()
 	metrics := admin.NewMetrics(reg, f, version)
-	adm := admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log})
+	live := router.NewLive(router.New(cfg, f.Snapshot(), start), time.Now, nil)
+	admin.RegisterRouter(reg, live)
+	adm := admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log,
+		Router: live, Sizing: sizer.Errors})
+	grpcSrv := grpc.NewServer(extproc.GRPCServerOptions(cfg.Router)...)
+	extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: live, Sizer: sizer,
+		Metrics: extproc.NewMetrics(reg), Logger: log}).Register(grpcSrv)
 	adminSrv := &http.Server{Handler: adm, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 
 	prober := &controller.HTTPProber{
@@ -86,11 +101,21 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 			}
 		}
 	})
+	wg.Go(func() {
+		if err := grpcSrv.Serve(extprocLn); err != nil {
+			select {
+			case errc <- fmt.Errorf("ext_proc server: %w", err):
+			default:
+			}
+		}
+	})
 	wg.Go(func() { _ = monitor.Run(runCtx) })
+	wg.Go(func() { _ = live.Run(runCtx) })
+	wg.Go(func() { live.Follow(runCtx, f) })
 	adm.SetReady(true)
 	p, d := countRoles(cfg)
 	log.Info("narwhal serving", "version", version, "admin", adminLn.Addr().String(),
-		"engines", len(cfg.Engines), "prefill", p, "decode", d)
+		"extproc", extprocLn.Addr().String(), "engines", len(cfg.Engines), "prefill", p, "decode", d)
 
 	var runErr error
 	select {
@@ -102,6 +127,15 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	adm.SetReady(false)
 	grace, cancelGrace := context.WithTimeout(context.Background(), config.Seconds(cfg.ShutdownGraceS))
 	defer cancelGrace()
+	// Stop admitting (new ext_proc streams are refused); let residents finish within the grace.
+	stopped := make(chan struct{})
+	go func() { grpcSrv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-grace.Done():
+		grpcSrv.Stop()
+		<-stopped
+	}
 	if err := adminSrv.Shutdown(grace); err != nil {
 		_ = adminSrv.Close()
 	}
@@ -112,6 +146,30 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// listenAll opens every listener the config names before anything runs: admin, then ext_proc.
+// A port in use is one clear line and exit 1.
+func listenAll(cfg *config.Config) ([]net.Listener, error) {
+	var lns []net.Listener
+	for _, l := range []struct{ key, addr string }{
+		{"listen.admin", cfg.Listen.Admin},
+		{"listen.extproc", cfg.Listen.ExtProc},
+	} {
+		ln, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			closeAll(lns)
+			return nil, failureErr(fmt.Errorf("%s %s: %w", l.key, l.addr, unwrapOp(err)))
+		}
+		lns = append(lns, ln)
+	}
+	return lns, nil
+}
+
+func closeAll(lns []net.Listener) {
+	for _, ln := range lns {
+		_ = ln.Close()
+	}
 }
 
 func countRoles(cfg *config.Config) (prefill, decode int) {

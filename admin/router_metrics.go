@@ -1,0 +1,99 @@
+package admin
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/narwhal-llm/narwhal/router"
+)
+
+// routerCollector exports the router's accounting from one snapshot per scrape, so that the
+// metrics obey the same conservation laws as /narwhal/state.
+type routerCollector struct {
+	src interface{ Snapshot() router.Snapshot }
+
+	offers, invalid, admitted, overflow, dispatched, completed, failed, cancelled, ftTimeouts *prometheus.Desc
+	waiting, waitingTokens, prefilling, decoding, awaiting, demand                            *prometheus.Desc
+	prefillResidents, decodeResidents, correction                                             *prometheus.Desc
+}
+
+// RegisterRouter exports the router's counters, retained demand, demand estimates and engine
+// loads with reg.
+func RegisterRouter(reg prometheus.Registerer, src interface{ Snapshot() router.Snapshot }) {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("narwhal_"+name, help, labels, nil)
+	}
+	reg.MustRegister(&routerCollector{
+		src:              src,
+		offers:           d("offers_total", "Requests on a routed path whose body Narwhal read (or refused for size)."),
+		invalid:          d("invalid_total", "Offers answered 400 or 413."),
+		admitted:         d("admitted_total", "Offers admitted to the waiting set."),
+		overflow:         d("overflow_total", "Offers turned away, by reason.", "reason"),
+		dispatched:       d("dispatched_total", "Requests placed, by kind (disaggregated, aggregate).", "kind"),
+		completed:        d("completed_total", "Placed requests that completed."),
+		failed:           d("failed_total", "Placed requests that failed (engine error)."),
+		cancelled:        d("cancelled_total", "Client cancels, by where the request was (waiting, in_flight).", "where"),
+		ftTimeouts:       d("first_token_timeouts_total", "Placed requests with no first token after router.first_token_timeout_s."),
+		waiting:          d("waiting", "Requests in the waiting set."),
+		waitingTokens:    d("waiting_tokens", "Prompt tokens in the waiting set."),
+		prefilling:       d("prefilling", "Placed requests without a first token yet."),
+		decoding:         d("decoding", "Placed requests streaming output."),
+		awaiting:         d("awaiting_output_tokens", "Expected output tokens of waiting and prefilling requests."),
+		demand:           d("demand", "Demand estimates per second, by horizon (short, long, priced) and quantity.", "horizon", "quantity"),
+		prefillResidents: d("engine_prefill_residents", "Prefill residents per engine.", "engine"),
+		decodeResidents:  d("engine_decode_residents", "Decode residents per engine.", "engine"),
+		correction:       d("engine_profile_correction", "Online profile correction factor per engine and phase.", "engine", "phase"),
+	})
+}
+
+func (c *routerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.offers, c.invalid, c.admitted, c.overflow, c.dispatched, c.completed,
+		c.failed, c.cancelled, c.ftTimeouts, c.waiting, c.waitingTokens, c.prefilling, c.decoding, c.awaiting,
+		c.demand, c.prefillResidents, c.decodeResidents, c.correction} {
+		ch <- d
+	}
+}
+
+func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.src.Snapshot()
+	n := &s.Counters
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter(c.offers, n.Offers)
+	counter(c.invalid, n.Invalid)
+	counter(c.admitted, n.Admitted)
+	counter(c.overflow, n.Overflow.WaitingSetFull, "waiting_set_full")
+	counter(c.overflow, n.Overflow.PredictedSLOMiss, "predicted_slo_miss")
+	counter(c.overflow, n.Overflow.FallbackBusy, "fallback_busy")
+	counter(c.overflow, n.Overflow.NoCapacity, "no_capacity")
+	counter(c.overflow, n.Overflow.WaitTimeout, "wait_timeout")
+	counter(c.dispatched, n.Dispatched.Disaggregated, "disaggregated")
+	counter(c.dispatched, n.Dispatched.Aggregate, "aggregate")
+	counter(c.completed, n.Completed)
+	counter(c.failed, n.Failed)
+	counter(c.cancelled, n.Cancelled.Waiting, "waiting")
+	counter(c.cancelled, n.Cancelled.InFlight, "in_flight")
+	counter(c.ftTimeouts, n.FirstTokenTimeouts)
+	gauge(c.waiting, float64(s.Retained.Waiting))
+	gauge(c.waitingTokens, float64(s.Retained.WaitingTokens))
+	gauge(c.prefilling, float64(s.Retained.Prefilling))
+	gauge(c.decoding, float64(s.Retained.Decoding))
+	gauge(c.awaiting, float64(s.Retained.AwaitingOutputTokens))
+	for _, h := range []struct {
+		name string
+		r    router.Rates
+	}{{"short", s.Demand.Short}, {"long", s.Demand.Long}, {"priced", s.Demand.Priced}} {
+		gauge(c.demand, h.r.ArrivalsPerS, h.name, "arrivals")
+		gauge(c.demand, h.r.PromptTokensPerS, h.name, "prompt_tokens")
+		gauge(c.demand, h.r.OutputTokensPerS, h.name, "output_tokens")
+	}
+	for _, e := range s.Engines {
+		gauge(c.prefillResidents, float64(e.PrefillResidents), e.ID)
+		gauge(c.decodeResidents, float64(e.DecodeResidents), e.ID)
+		gauge(c.correction, e.Correction.Prefill, e.ID, "prefill")
+		gauge(c.correction, e.Correction.Decode, e.ID, "decode")
+	}
+}

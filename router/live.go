@@ -1,0 +1,201 @@
+package router
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/fleet"
+)
+
+// Live runs a Router in real time for concurrent callers, as raft's node wraps its RawNode:
+// it serializes calls with a mutex, hands each waiting offer its outcome when the router
+// produces it, and applies time (wait limits, first-token timeouts) from a timer goroutine
+// started by Run. All decisions stay in the Router.
+type Live struct {
+	now func() time.Time
+
+	mu      sync.Mutex
+	r       *Router
+	waiters map[Handle]chan Outcome
+	trigger func(Trigger)
+
+	kick chan struct{}
+	pool sync.Pool
+}
+
+// NewLive wraps r. now is the clock (time.Now in production). onTrigger, when not nil, is
+// called (outside the lock) with every urgent-wake trigger the router raises.
+func NewLive(r *Router, now func() time.Time, onTrigger func(Trigger)) *Live {
+	return &Live{
+		r: r, now: now, trigger: onTrigger,
+		waiters: map[Handle]chan Outcome{},
+		kick:    make(chan struct{}, 1),
+		pool:    sync.Pool{New: func() any { return make(chan Outcome, 1) }},
+	}
+}
+
+// Run applies time until ctx is done: it ticks the router at its next deadline.
+func (l *Live) Run(ctx context.Context) error {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		l.mu.Lock()
+		l.r.Tick(l.now())
+		tr, fire := l.flush()
+		next, ok := l.r.NextDeadline()
+		l.mu.Unlock()
+		l.fire(tr, fire)
+		wait := time.Hour
+		if ok {
+			wait = max(time.Until(next), time.Millisecond)
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timer.C:
+		case <-l.kick:
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+		}
+	}
+}
+
+// flush delivers the router's outbox to the waiting offers; call with the lock held.
+func (l *Live) flush() (Trigger, bool) {
+	for _, o := range l.r.Ready() {
+		if ch, ok := l.waiters[o.Handle]; ok {
+			delete(l.waiters, o.Handle)
+			ch <- o
+		}
+	}
+	return l.r.TakeTrigger()
+}
+
+func (l *Live) fire(t Trigger, ok bool) {
+	if ok && l.trigger != nil {
+		l.trigger(t)
+	}
+}
+
+// wake makes Run recompute its deadline (a new earliest deadline may exist).
+func (l *Live) wake() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Offer offers a request and waits until it is dispatched or rejected, or ctx is done. When
+// ctx ends first the request is cancelled (cancelled.waiting, or cancelled.in_flight if it was
+// dispatched meanwhile) and ctx's error is returned.
+func (l *Live) Offer(ctx context.Context, o Offer) (Outcome, error) {
+	l.mu.Lock()
+	out := l.r.Offer(l.now(), o)
+	var ch chan Outcome
+	if out.Status == Waiting {
+		ch = l.pool.Get().(chan Outcome)
+		l.waiters[out.Handle] = ch
+	}
+	tr, fire := l.flush()
+	l.mu.Unlock()
+	l.fire(tr, fire)
+	if ch == nil {
+		return out, nil
+	}
+	l.wake()
+	select {
+	case res := <-ch:
+		l.pool.Put(ch)
+		return res, nil
+	case <-ctx.Done():
+	}
+	l.mu.Lock()
+	if _, still := l.waiters[out.Handle]; still {
+		delete(l.waiters, out.Handle)
+		_ = l.r.Cancel(l.now(), out.Handle)
+	} else if res := <-ch; res.Status == Dispatched {
+		_ = l.r.Cancel(l.now(), out.Handle) // placed as the client left
+	}
+	tr, fire = l.flush()
+	l.mu.Unlock()
+	l.pool.Put(ch)
+	l.fire(tr, fire)
+	return Outcome{}, ctx.Err()
+}
+
+// step runs one router event under the lock and delivers what it produced.
+func (l *Live) step(fn func(now time.Time) error) error {
+	l.mu.Lock()
+	err := fn(l.now())
+	tr, fire := l.flush()
+	l.mu.Unlock()
+	l.fire(tr, fire)
+	return err
+}
+
+// Invalid counts an invalid offer.
+func (l *Live) Invalid() {
+	l.mu.Lock()
+	l.r.Invalid()
+	l.mu.Unlock()
+}
+
+// FirstToken records a request's first token.
+func (l *Live) FirstToken(h Handle) error {
+	return l.step(func(now time.Time) error { return l.r.FirstToken(now, h) })
+}
+
+// Complete records a request's end with its output tokens (0 when unknown).
+func (l *Live) Complete(h Handle, outputTokens int) error {
+	return l.step(func(now time.Time) error { return l.r.Complete(now, h, outputTokens) })
+}
+
+// Fail records a dispatched request's failure.
+func (l *Live) Fail(h Handle) error {
+	return l.step(func(now time.Time) error { return l.r.Fail(now, h) })
+}
+
+// Cancel records a client cancel of a dispatched request.
+func (l *Live) Cancel(h Handle) error {
+	return l.step(func(now time.Time) error { return l.r.Cancel(now, h) })
+}
+
+// SetFleet applies a fleet snapshot.
+func (l *Live) SetFleet(snap fleet.Snapshot) {
+	_ = l.step(func(now time.Time) error { l.r.SetFleet(now, snap); return nil })
+	l.wake()
+}
+
+// Follow applies the fleet's changes until ctx is done.
+func (l *Live) Follow(ctx context.Context, f *fleet.Fleet) {
+	ch, cancel := f.Subscribe()
+	defer cancel()
+	l.SetFleet(f.Snapshot())
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+			l.SetFleet(f.Snapshot())
+		}
+	}
+}
+
+// Snapshot reports the router's state.
+func (l *Live) Snapshot() Snapshot {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.Snapshot(l.now())
+}
+
+// Do runs fn with the router under the lock (the controller prices splits this way); outcomes
+// fn produces are delivered.
+func (l *Live) Do(fn func(now time.Time, r *Router)) {
+	_ = l.step(func(now time.Time) error { fn(now, l.r); return nil })
+}
