@@ -25,6 +25,7 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 //	lifecycle id=e1 to=failed|draining|recovering|active [at=S]
 //	role id=e3 to=prefill [at=S]
 //	state
+//	price prefill=e1,e2 decode=e3 [step=S] [at=S]
 //
 // Every command prints its result, then what the router put in its outbox, and the driver
 // fails the test if a conservation law breaks.
@@ -97,6 +98,15 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 		d.fleetChange(td, &b)
 	case "state":
 		d.state(&b)
+	case "price":
+		var pre, dec string
+		step := 5.0
+		td.ScanArgs(t, "prefill", &pre)
+		td.ScanArgs(t, "decode", &dec)
+		td.MaybeScanArgs(t, "step", &step)
+		split := Split{Prefill: splitIDs(pre), Decode: splitIDs(dec)}
+		p := d.r.Price(d.at(td), split, step)
+		fmt.Fprintf(&b, "ttft_ratio=%.3f tpot_ratio=%.3f worst=%.3f probe_ttft=%.3f\n", p.TTFTRatio, p.TPOTRatio, p.Worst, p.ProbeTTFT)
 	default:
 		t.Fatalf("%s: unknown command %q", td.Pos, td.Cmd)
 	}
@@ -257,4 +267,11 @@ func TestDataDriven(t *testing.T) {
 		d := newDriver(t)
 		datadriven.RunTest(t, path, d.run)
 	})
+}
+
+func splitIDs(s string) []string {
+	if s == "-" {
+		return nil
+	}
+	return strings.Split(s, ",")
 }
