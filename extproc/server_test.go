@@ -1,0 +1,535 @@
+package extproc_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/enginesim"
+	"github.com/narwhal-llm/narwhal/extproc"
+	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/router"
+)
+
+// fastProfile makes simulated engines quick: 2 ms to prefill a short prompt, 2 ms per token.
+func fastProfile() config.Profile {
+	return config.Profile{
+		Prefill:            &config.PrefillCurve{BaseS: 0.002, PerTokenS: 1e-6, MaxTokens: 16384},
+		PrefillConcurrency: 4,
+		Decode:             &config.DecodeCurve{BaseS: 0.002, PerStreamS: 1e-5, MaxStreams: 64, MaxKVTokens: 1 << 20},
+		KVTransferS:        0.001,
+	}
+}
+
+// fixture is a real ext_proc server, router and fleet, real enginesim engines on loopback, and
+// the Envoy-faithful test gateway in front.
+type fixture struct {
+	t       *testing.T
+	cfg     *config.Config
+	fleet   *fleet.Fleet
+	live    *router.Live
+	engines map[string]*httptest.Server
+	addr    map[string]string // engine id -> IP:port
+	gw      *envoytest.Gateway
+	url     string
+	extproc string
+}
+
+// relaxed is the filter config of most tests: BUFFERED request body, STREAMED response body,
+// mode override allowed, envoy.lb metadata received, and a message timeout above any wait.
+func relaxed(body envoytest.Mode) envoytest.Mode {
+	m := envoytest.Mode{
+		RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, AllowModeOverride: true,
+		MessageTimeout: 30 * time.Second, ReceivingNamespaces: []string{"envoy.lb"},
+	}
+	if body.RequestBody != 0 {
+		m.RequestBody = body.RequestBody
+	}
+	if body.ResponseBody != 0 {
+		m.ResponseBody = body.ResponseBody
+	}
+	if body.BufferLimit != 0 {
+		m.BufferLimit = body.BufferLimit
+	}
+	return m
+}
+
+func newFixture(t *testing.T, mode envoytest.Mode, tweak func(*config.Config), roles ...string) *fixture {
+	t.Helper()
+	if len(roles) == 0 {
+		roles = []string{"prefill", "prefill", "decode", "decode"}
+	}
+	cfg := config.Default()
+	cfg.Profiles = map[string]config.Profile{"fast": fastProfile()}
+	fx := &fixture{t: t, cfg: cfg, engines: map[string]*httptest.Server{}, addr: map[string]string{}}
+	for i, role := range roles {
+		id := fmt.Sprintf("e%d", i+1)
+		eng := enginesim.New(enginesim.Options{Profile: fastProfile(), Role: role, Model: "m", Seed: int64(i + 1), DefaultOutputTokens: 8})
+		srv := httptest.NewServer(eng)
+		t.Cleanup(func() { srv.Close(); eng.Close() })
+		fx.engines[id] = srv
+		fx.addr[id] = strings.TrimPrefix(srv.URL, "http://")
+		cfg.Engines = append(cfg.Engines, config.Engine{ID: id, Address: fx.addr[id], Role: role, Profile: "fast"})
+	}
+	if tweak != nil {
+		tweak(cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := fleet.New(cfg, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fx.fleet = f
+	fx.live = router.NewLive(router.New(cfg, f.Snapshot(), time.Now()), time.Now, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = fx.live.Run(ctx) })
+	wg.Go(func() { fx.live.Follow(ctx, f) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	sizer, err := extproc.NewSizer(cfg.Router.Sizing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: fx.live, Sizer: sizer})
+	fx.extproc = envoytest.StartServer(t, srv, extproc.GRPCServerOptions(cfg.Router)...)
+	var hs *httptest.Server
+	fx.gw, hs = envoytest.StartGateway(t, fx.extproc, mode, envoytest.WithRoutedPaths(cfg.Router.Paths...),
+		envoytest.WithDefaultUpstream(fx.addr["e1"]))
+	fx.url = hs.URL
+	return fx
+}
+
+// post sends one request through the gateway and returns the status, headers and whole body.
+func (fx *fixture) post(ctx context.Context, path, body string, hdr map[string]string) (int, http.Header, string) {
+	fx.t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fx.url+path, strings.NewReader(body))
+	if err != nil {
+		fx.t.Fatal(err)
+	}
+	req.Header.Set("content-type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+// settle waits until the router holds nothing, then checks conservation.
+func (fx *fixture) settle() router.Snapshot {
+	fx.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s := fx.live.Snapshot()
+		if broken := s.Conserved(); broken != "" {
+			fx.t.Fatalf("conservation broken: %s: %+v", broken, s.Counters)
+		}
+		if s.Retained.Waiting+s.Retained.Prefilling+s.Retained.Decoding == 0 {
+			return s
+		}
+		if time.Now().After(deadline) {
+			fx.t.Fatalf("requests still held: %+v", s.Retained)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (fx *fixture) lastOutcome() envoytest.Outcome {
+	fx.t.Helper()
+	outs := fx.gw.Outcomes()
+	if len(outs) == 0 {
+		fx.t.Fatal("the gateway recorded no request")
+	}
+	return outs[len(outs)-1]
+}
+
+func chat(stream bool, maxTokens int) string {
+	return fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hello there, how are you today?"}],"max_tokens":%d,"stream":%v}`, maxTokens, stream)
+}
+
+func TestDisaggregatedPlacement(t *testing.T) {
+	for _, body := range []envoytest.Mode{{RequestBody: envoytest.Buffered}, {RequestBody: envoytest.FullDuplex, ResponseBody: envoytest.FullDuplex}} {
+		t.Run(body.RequestBody.String(), func(t *testing.T) {
+			fx := newFixture(t, relaxed(body), nil)
+			code, _, got := fx.post(context.Background(), "/v1/chat/completions", chat(true, 5), nil)
+			if code != 200 || strings.Count(got, "data: ") != 5+2 || !strings.Contains(got, `"usage"`) {
+				t.Fatalf("%d %q", code, got)
+			}
+			o := fx.lastOutcome()
+			dest, pre := o.Placement.Get(extproc.HeaderDestination), o.Placement.Get(extproc.HeaderPrefiller)
+			if o.Placement.Get(extproc.HeaderPlacement) != "disaggregated" || o.Upstream != dest {
+				t.Fatalf("placement %v, upstream %s", o.Placement, o.Upstream)
+			}
+			if dest != fx.addr["e3"] && dest != fx.addr["e4"] {
+				t.Fatalf("destination %s is not a decode engine", dest)
+			}
+			if pre != fx.addr["e1"] && pre != fx.addr["e2"] {
+				t.Fatalf("prefiller %s is not a prefill engine", pre)
+			}
+			if o.Record.Metadata("envoy.lb", extproc.HeaderDestination) != dest || !o.Record.RouteCacheCleared {
+				t.Fatalf("metadata %v, route cache cleared %v", o.Record.DynamicMetadata, o.Record.RouteCacheCleared)
+			}
+			if len(o.Record.Violations) != 0 {
+				t.Fatalf("Envoy would object: %+v", o.Record.Violations)
+			}
+			s := fx.settle()
+			if s.Counters.Completed != 1 || s.Counters.Dispatched.Disaggregated != 1 {
+				t.Fatalf("%+v", s.Counters)
+			}
+		})
+	}
+}
+
+func TestPromptForms(t *testing.T) {
+	fx := newFixture(t, relaxed(envoytest.Mode{}), nil)
+	bodies := map[string]string{
+		"string":          `{"model":"m","prompt":"once upon a time","max_tokens":2}`,
+		"strings":         `{"model":"m","prompt":["once upon","a time"],"max_tokens":2}`,
+		"token ids":       `{"model":"m","prompt":[1,2,3,4],"max_tokens":2}`,
+		"token id arrays": `{"model":"m","prompt":[[1,2],[3,4]],"max_tokens":2}`,
+	}
+	for name, body := range bodies {
+		if code, _, got := fx.post(context.Background(), "/v1/completions", body, nil); code != 200 {
+			t.Errorf("completions %s: %d %s", name, code, got)
+		}
+	}
+	chats := map[string]string{
+		"string content": `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"max_completion_tokens":2}`,
+		"content parts":  `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"what is this?"},{"type":"image_url","image_url":{"url":"data:,"}}]}],"max_tokens":2}`,
+	}
+	for name, body := range chats {
+		if code, _, got := fx.post(context.Background(), "/v1/chat/completions", body, nil); code != 200 {
+			t.Errorf("chat %s: %d %s", name, code, got)
+		}
+	}
+	s := fx.settle()
+	if s.Counters.Completed != 6 || s.Counters.Invalid != 0 {
+		t.Fatalf("%+v", s.Counters)
+	}
+}
+
+// errorOf decodes an OpenAI-style error body.
+func errorOf(t *testing.T, body string) (code, message string) {
+	t.Helper()
+	var e struct {
+		Error struct{ Message, Type, Code string } `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error.Code == "" || e.Error.Type == "" {
+		t.Fatalf("not an error object: %q (%v)", body, err)
+	}
+	return e.Error.Code, e.Error.Message
+}
+
+func TestInvalidRequests(t *testing.T) {
+	fx := newFixture(t, relaxed(envoytest.Mode{BufferLimit: -1}), func(c *config.Config) { c.Router.BodyLimitBytes = 4096 })
+	cases := []struct {
+		name, path, body string
+		status           int
+		code, says       string
+	}{
+		{"not json", "/v1/completions", `{"model":`, 400, "invalid_request", "JSON"},
+		{"no model", "/v1/completions", `{"prompt":"x"}`, 400, "invalid_request", "model"},
+		{"no prompt", "/v1/completions", `{"model":"m"}`, 400, "invalid_request", "prompt"},
+		{"no messages", "/v1/chat/completions", `{"model":"m","prompt":"x"}`, 400, "invalid_request", "messages"},
+		{"bad max_tokens", "/v1/completions", `{"model":"m","prompt":"x","max_tokens":-3}`, 400, "invalid_request", "max_tokens"},
+		{"bad stream", "/v1/completions", `{"model":"m","prompt":"x","stream":"yes"}`, 400, "invalid_request", "stream"},
+		{"empty body", "/v1/completions", ``, 400, "invalid_request", ""},
+		{"too large", "/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("x", 5000) + `"}`, 413, "body_too_large", "limit"},
+	}
+	for _, c := range cases {
+		code, hdr, body := fx.post(context.Background(), c.path, c.body, nil)
+		if code != c.status || hdr.Get("content-type") != "application/json" {
+			t.Errorf("%s: %d %s %q", c.name, code, hdr.Get("content-type"), body)
+			continue
+		}
+		gotCode, msg := errorOf(t, body)
+		if gotCode != c.code || !strings.Contains(msg, c.says) {
+			t.Errorf("%s: code %s message %q", c.name, gotCode, msg)
+		}
+	}
+	s := fx.settle()
+	if s.Counters.Offers != uint64(len(cases)) || s.Counters.Invalid != uint64(len(cases)) || s.Counters.Admitted != 0 {
+		t.Fatalf("%+v", s.Counters)
+	}
+}
+
+// hold fills every prefill slot of the fleet with requests that never finish, so that the next
+// offer waits; it returns a release function.
+func (fx *fixture) hold(n int) func() {
+	fx.t.Helper()
+	var hs []router.Handle
+	for i := 0; i < n; i++ {
+		out, err := fx.live.Offer(context.Background(), router.Offer{ID: "hold", PromptTokens: 10, MaxTokens: 1})
+		if err != nil || out.Status != router.Dispatched {
+			fx.t.Fatalf("hold %d: %+v %v", i, out, err)
+		}
+		hs = append(hs, out.Handle)
+	}
+	return func() {
+		for _, h := range hs {
+			_ = fx.live.Complete(h, 1)
+		}
+	}
+}
+
+func TestRejections(t *testing.T) {
+	t.Run("waiting_set_full and wait_timeout", func(t *testing.T) {
+		fx := newFixture(t, relaxed(envoytest.Mode{}), func(c *config.Config) {
+			c.Router.WaitingSet.Capacity = 1
+			c.Router.WaitingSet.MaxWaitS = 0.3
+		}, "prefill", "decode")
+		release := fx.hold(4)
+		defer release()
+		var wg sync.WaitGroup
+		var waited int
+		var waitedBody string
+		wg.Go(func() { waited, _, waitedBody = fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a"}`, nil) })
+		time.Sleep(100 * time.Millisecond) // the first one is waiting now
+		code, hdr, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"b"}`, nil)
+		if c, _ := errorOf(t, body); code != 429 || c != "waiting_set_full" || hdr.Get("retry-after") == "" {
+			t.Fatalf("second: %d %q retry-after %q", code, body, hdr.Get("retry-after"))
+		}
+		wg.Wait()
+		if c, _ := errorOf(t, waitedBody); waited != 504 || c != "wait_timeout" {
+			t.Fatalf("first: %d %q", waited, waitedBody)
+		}
+	})
+	t.Run("predicted_slo_miss", func(t *testing.T) {
+		fx := newFixture(t, relaxed(envoytest.Mode{}), func(c *config.Config) {
+			c.Router.Admission.RejectRatio = 1
+			c.SLO.TTFTS = 0.001 // any prompt misses it
+		})
+		code, hdr, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a"}`, nil)
+		if c, _ := errorOf(t, body); code != 429 || c != "predicted_slo_miss" || hdr.Get("retry-after") != "1" {
+			t.Fatalf("%d %q %v", code, body, hdr)
+		}
+	})
+	t.Run("no_capacity", func(t *testing.T) {
+		fx := newFixture(t, relaxed(envoytest.Mode{}), func(c *config.Config) { c.Controller.MinDecode = 0 }, "prefill", "prefill")
+		code, _, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a"}`, nil)
+		if c, _ := errorOf(t, body); code != 503 || c != "no_capacity" {
+			t.Fatalf("%d %q", code, body)
+		}
+	})
+	t.Run("streamed request body is refused", func(t *testing.T) {
+		fx := newFixture(t, relaxed(envoytest.Mode{RequestBody: envoytest.Streamed}), nil)
+		code, _, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a"}`, nil)
+		if c, msg := errorOf(t, body); code != 500 || c != "unsupported_body_mode" || !strings.Contains(msg, "BUFFERED") {
+			t.Fatalf("%d %q", code, body)
+		}
+		if d := fx.lastOutcome().LocalReply.Details; d != "narwhal_streamed_request_body_mode" {
+			t.Fatalf("details %q", d)
+		}
+		// Other paths still pass through.
+		if code, _, _ := fx.post(context.Background(), "/health", "", nil); code != 405 && code != 200 {
+			t.Fatalf("pass-through: %d", code)
+		}
+	})
+}
+
+// TestClientRoutingHeadersIgnored: a client cannot choose the engine.
+func TestClientRoutingHeadersIgnored(t *testing.T) {
+	fx := newFixture(t, relaxed(envoytest.Mode{}), nil)
+	evil := map[string]string{
+		extproc.HeaderDestination: "10.9.9.9:1", extproc.HeaderPrefiller: "10.9.9.9:2",
+		"x-narwhal-placement": "aggregate", "x-narwhal-decode-host-port": "10.9.9.9:3",
+	}
+	code, _, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a","max_tokens":1}`, evil)
+	if code != 200 {
+		t.Fatalf("%d %s", code, body)
+	}
+	o := fx.lastOutcome()
+	for _, k := range []string{extproc.HeaderDestination, extproc.HeaderPrefiller, extproc.HeaderPlacement} {
+		if v := o.Placement.Values(k); len(v) != 1 || strings.HasPrefix(v[0], "10.9.9.9") || v[0] == "aggregate" {
+			t.Fatalf("%s = %v", k, v)
+		}
+	}
+	if v := o.Placement.Values("x-narwhal-decode-host-port"); len(v) != 0 {
+		t.Fatalf("client's x-narwhal-decode-host-port survived: %v", v)
+	}
+	// An unprocessed path: the headers are removed, and the request goes to the default upstream.
+	code, _, _ = fx.post(context.Background(), "/v1/models", "", evil)
+	o = fx.lastOutcome()
+	if o.Route != envoytest.RouteDefault || o.Record.RequestHeaders.Has(extproc.HeaderDestination) || o.Record.RequestHeaders.Has(extproc.HeaderPrefiller) {
+		t.Fatalf("pass-through: %d route %s headers %v", code, o.Route, o.Record.RequestHeaders)
+	}
+}
+
+func TestNonStreamingResponseSkipsBody(t *testing.T) {
+	fx := newFixture(t, relaxed(envoytest.Mode{}), nil)
+	code, _, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"abc","max_tokens":3}`, nil)
+	if code != 200 || !strings.Contains(body, `"usage"`) {
+		t.Fatalf("%d %s", code, body)
+	}
+	if o := fx.lastOutcome(); o.Record.ModeOverrides == 0 || o.Record.Timings.ResponseBodyMessages != 0 {
+		t.Fatalf("mode overrides %v, body messages %d", o.Record.ModeOverrides, o.Record.Timings.ResponseBodyMessages)
+	}
+	if s := fx.settle(); s.Counters.Completed != 1 {
+		t.Fatalf("%+v", s.Counters)
+	}
+}
+
+func TestCancelWhileWaiting(t *testing.T) {
+	fx := newFixture(t, relaxed(envoytest.Mode{}), nil, "prefill", "decode")
+	release := fx.hold(4)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	defer cancel()
+	code, _, _ := fx.post(ctx, "/v1/completions", `{"model":"m","prompt":"a"}`, nil)
+	if code != 0 {
+		t.Fatalf("a cancelled request got %d", code)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for fx.live.Snapshot().Counters.Cancelled.Waiting != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("cancel not recorded: %+v", fx.live.Snapshot().Counters)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	release()
+	fx.settle()
+}
+
+func TestCancelWhileStreaming(t *testing.T) {
+	fx := newFixture(t, relaxed(envoytest.Mode{}), nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fx.url+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"a","max_tokens":5000,"stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "data: ") {
+		t.Fatalf("first line %q %v", line, err)
+	}
+	cancel()
+	resp.Body.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for fx.live.Snapshot().Counters.Cancelled.InFlight != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("cancel not recorded: %+v", fx.live.Snapshot().Counters)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s := fx.settle()
+	if s.Counters.Completed != 0 || s.Counters.Dispatched.Disaggregated != 1 {
+		t.Fatalf("%+v", s.Counters)
+	}
+}
+
+// TestEngineKilled: a decode engine dies with streams on it; the requests end (failed or
+// cancelled in flight), nothing leaks, and new requests go to the other decode engine.
+func TestEngineKilled(t *testing.T) {
+	fx := newFixture(t, relaxed(envoytest.Mode{}), nil, "prefill", "decode", "decode")
+	var wg sync.WaitGroup
+	for i := 0; i < 6; i++ {
+		wg.Go(func() { fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a","max_tokens":400,"stream":true}`, nil) })
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for fx.live.Snapshot().Retained.Decoding < 6 {
+		if time.Now().After(deadline) {
+			t.Fatalf("streams did not start: %+v", fx.live.Snapshot().Retained)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	fx.engines["e2"].CloseClientConnections()
+	fx.engines["e2"].Close()
+	if _, err := fx.fleet.SetLifecycle("e2", fleet.Failed, time.Now(), "test"); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	s := fx.settle()
+	if s.Counters.Completed+s.Counters.Failed+s.Counters.Cancelled.InFlight != 6 || s.Counters.Cancelled.InFlight+s.Counters.Failed == 0 {
+		t.Fatalf("%+v", s.Counters)
+	}
+	code, _, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a","max_tokens":2}`, nil)
+	if o := fx.lastOutcome(); code != 200 || o.Upstream != fx.addr["e3"] {
+		t.Fatalf("after the failure: %d %s via %s", code, body, o.Upstream)
+	}
+}
+
+// TestAggregateFallback runs role-control.md section 8 through the data path: both prefill
+// engines drained → the fallback refuses new work until its decode residents drain → aggregate
+// placements (no prefiller header) → a prefill engine returns → disaggregated again.
+func TestAggregateFallback(t *testing.T) {
+	fx := newFixture(t, relaxed(envoytest.Mode{}), func(c *config.Config) { c.Router.WaitingSet.MaxWaitS = 0.2 })
+	long := `{"model":"m","prompt":"a","max_tokens":300,"stream":true}`
+	var wg sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		wg.Go(func() {
+			if code, _, body := fx.post(context.Background(), "/v1/completions", long, nil); code != 200 {
+				t.Errorf("resident: %d %s", code, body)
+			}
+		})
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for fx.live.Snapshot().Retained.Decoding < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("residents did not start")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	for _, id := range []string{"e1", "e2"} {
+		if _, err := fx.fleet.Drain(id, time.Now(), "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The residents project ~0.6 s of decode, beyond max_wait_s: refused.
+	code, hdr, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"b","max_tokens":2}`, nil)
+	if c, _ := errorOf(t, body); code != 429 || c != "fallback_busy" || hdr.Get("retry-after") == "" {
+		t.Fatalf("during the drain: %d %q", code, body)
+	}
+	wg.Wait() // the residents finish
+	code, _, body = fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"c","max_tokens":2,"stream":true}`, nil)
+	o := fx.lastOutcome()
+	if code != 200 || o.Placement.Get(extproc.HeaderPlacement) != "aggregate" || o.Placement.Get(extproc.HeaderPrefiller) != "" {
+		t.Fatalf("fallback: %d %q placement %v", code, body, o.Placement)
+	}
+	if o.Upstream != fx.addr["e3"] && o.Upstream != fx.addr["e4"] {
+		t.Fatalf("aggregate on %s, not a decode engine", o.Upstream)
+	}
+	if s := fx.live.Snapshot(); s.Fallback == "" || s.Counters.Dispatched.Aggregate != 1 {
+		t.Fatalf("%+v", s)
+	}
+	// A prefill engine is live again.
+	if _, err := fx.fleet.Undrain("e1", time.Now(), "test"); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []fleet.Lifecycle{fleet.Recovering, fleet.Active} {
+		if _, err := fx.fleet.SetLifecycle("e1", l, time.Now(), "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for fx.live.Snapshot().Fallback != "" {
+		if time.Now().After(deadline) {
+			t.Fatal("fallback did not end")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	code, _, _ = fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"d","max_tokens":2}`, nil)
+	o = fx.lastOutcome()
+	if code != 200 || o.Placement.Get(extproc.HeaderPlacement) != "disaggregated" || o.Placement.Get(extproc.HeaderPrefiller) != fx.addr["e1"] {
+		t.Fatalf("after: %d placement %v", code, o.Placement)
+	}
+	s := fx.settle()
+	if s.Counters.Overflow.FallbackBusy != 1 || s.Counters.Completed != 4 {
+		t.Fatalf("%+v", s.Counters)
+	}
+}
