@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/extproc"
+	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/sim"
+)
+
+// TestTraceReplay replays the first 2,000 requests of the Azure conversation trace, time
+// compressed 10× (about 47 requests/s, about 80% of the two prefill engines' capacity), through the
+// Envoy-faithful test gateway and the real narwhal serve to four real enginesim processes (2
+// prefill, 2 decode, the default profile). Output lengths are capped at 16 tokens to keep the
+// two cores for the data path. Every request completes or is rejected with a contract status;
+// placements are disaggregated with the prefiller header; at the end the accounting is
+// conserved and every gauge is back to zero.
+func TestTraceReplay(t *testing.T) {
+	const n, speedup, maxOut = 2000, 10.0, 16
+	reqs, err := sim.LoadTrace("../../sim/testdata/azure-2023-conv.csv.gz", n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := freeAddrs(t, 7)
+	admin, extprocAddr, engines := addrs[0], addrs[1], addrs[3:]
+	prefill := map[string]bool{engines[0]: true, engines[1]: true}
+	for i, a := range engines {
+		role := map[bool]string{true: "prefill", false: "decode"}[i < 2]
+		startEngine(t, a, role)
+	}
+	cfg := e2eConfig(admin, extprocAddr, addrs[2], engines)
+	start(t, "serve", "--config", writeConfig(t, cfg))
+	waitFor(t, admin, 10*time.Second, "serve up", func(s stateView) bool { return len(s.Engines) == 4 })
+
+	mode := envoytest.Mode{
+		RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, AllowModeOverride: true,
+		MessageTimeout: 40 * time.Second, ReceivingNamespaces: []string{"envoy.lb"},
+	}
+	gw, hs := envoytest.StartGateway(t, extprocAddr, mode)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
+
+	type result struct {
+		status int
+		code   string
+	}
+	results := make([]result, len(reqs))
+	var wg sync.WaitGroup
+	begin := time.Now()
+	for i, q := range reqs {
+		at := begin.Add(time.Duration(q.ArrivalS / speedup * float64(time.Second)))
+		time.Sleep(time.Until(at))
+		prompt := strings.Repeat("word", max(1, q.InputTokens)) // enginesim: 4 bytes a token
+		out := min(max(1, q.OutputTokens), maxOut)
+		body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":%d,"stream":true}`, prompt, out)
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, hs.URL+"/v1/completions", strings.NewReader(body))
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Errorf("request %d: %v", i, err)
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			results[i].status = resp.StatusCode
+			if resp.StatusCode != 200 {
+				var e struct{ Error struct{ Code string } }
+				_ = json.Unmarshal(b, &e)
+				results[i].code = e.Error.Code
+			} else if !strings.Contains(string(b), "[DONE]") {
+				t.Errorf("request %d: stream ended without [DONE]", i)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(begin)
+
+	byStatus := map[string]int{}
+	for i, r := range results {
+		key := fmt.Sprint(r.status)
+		switch {
+		case r.status == 200:
+		case (r.status == 429 && (r.code == "waiting_set_full" || r.code == "predicted_slo_miss")) ||
+			(r.status == 503 && r.code == "no_capacity") || (r.status == 504 && r.code == "wait_timeout"):
+			key += " " + r.code
+		default:
+			t.Errorf("request %d: status %d code %q is not a contract outcome", i, r.status, r.code)
+		}
+		byStatus[key]++
+	}
+	placed := 0
+	for _, o := range gw.Outcomes() {
+		if o.Status != 200 {
+			continue
+		}
+		placed++
+		if o.Placement.Get(extproc.HeaderPlacement) != "disaggregated" || !prefill[o.Placement.Get(extproc.HeaderPrefiller)] || prefill[o.Upstream] {
+			t.Fatalf("placement %v to %s", o.Placement, o.Upstream)
+		}
+	}
+
+	var st struct {
+		Counters struct {
+			Offers, Invalid, Admitted, Completed, Failed uint64
+			Overflow                                     struct{ WaitingSetFull, PredictedSLOMiss, FallbackBusy, NoCapacity, WaitTimeout uint64 }
+			Dispatched                                   struct{ Disaggregated, Aggregate uint64 }
+			Cancelled                                    struct{ Waiting, InFlight uint64 }
+		}
+		Retained struct{ Waiting, Prefilling, Decoding, AwaitingOutputTokens, WaitingTokens int }
+	}
+	resp, err := http.Get("http://" + admin + "/narwhal/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	// The JSON uses snake_case; decode through a generic map to keep the struct short.
+	var raw map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&raw); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(raw)
+	b = []byte(strings.NewReplacer("waiting_set_full", "WaitingSetFull", "predicted_slo_miss", "PredictedSLOMiss",
+		"fallback_busy", "FallbackBusy", "no_capacity", "NoCapacity", "wait_timeout", "WaitTimeout",
+		"in_flight", "InFlight", "awaiting_output_tokens", "AwaitingOutputTokens", "waiting_tokens", "WaitingTokens").Replace(string(b)))
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	c, o, r := st.Counters, st.Counters.Overflow, st.Retained
+	dispatched := c.Dispatched.Disaggregated + c.Dispatched.Aggregate
+	t.Logf("%d requests in %v (%.1f/s offered): %v; counters %+v", len(reqs), elapsed.Round(time.Millisecond), float64(len(reqs))/elapsed.Seconds(), byStatus, c)
+	switch {
+	case c.Offers != uint64(len(reqs)):
+		t.Fatalf("offers %d, sent %d", c.Offers, len(reqs))
+	case c.Offers != c.Invalid+c.Admitted+o.WaitingSetFull+o.PredictedSLOMiss+o.FallbackBusy+o.NoCapacity:
+		t.Fatal("offers are not conserved")
+	case c.Admitted != uint64(r.Waiting)+dispatched+o.WaitTimeout+c.Cancelled.Waiting:
+		t.Fatal("admitted is not conserved")
+	case dispatched != uint64(r.Prefilling+r.Decoding)+c.Completed+c.Failed+c.Cancelled.InFlight:
+		t.Fatal("dispatched is not conserved")
+	case r != struct{ Waiting, Prefilling, Decoding, AwaitingOutputTokens, WaitingTokens int }{}:
+		t.Fatalf("gauges not back to zero: %+v", r)
+	case c.Completed != uint64(byStatus["200"]) || uint64(placed) != c.Completed || c.Dispatched.Aggregate != 0:
+		t.Fatalf("completed %d, 200s %d, placed %d", c.Completed, byStatus["200"], placed)
+	case c.Completed < uint64(len(reqs))*9/10:
+		t.Fatalf("only %d of %d completed", c.Completed, len(reqs))
+	}
+}
