@@ -113,7 +113,8 @@ func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
 			}
 			return err
 		}
-		for _, resp := range st.step(req) {
+		out := st.step(req)
+		for _, resp := range out {
 			if err := ps.Send(resp); err != nil {
 				if status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
 					return nil
@@ -121,6 +122,7 @@ func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
 				return err
 			}
 		}
+		clear(out) // a held stream keeps no reply alive
 		if st.phase == phaseDone && st.closed {
 			return nil
 		}

@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -74,5 +75,60 @@ func BenchmarkPlace(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkMemory reports the router's heap per waiting and per in-flight request: it holds
+// 50,000 requests in flight and 10,000 waiting behind them (the goal: both under
+// 256 MiB for the whole process).
+func BenchmarkMemory(b *testing.B) {
+	const inFlight, waiting = 50000, 10000
+	for i := 0; i < b.N; i++ {
+		cfg := config.Default()
+		cfg.Router.WaitingSet.Capacity = waiting
+		cfg.Router.WaitingSet.MaxWaitS = 1e9
+		p := cfg.Profiles[config.DefaultProfileName]
+		p.PrefillConcurrency = inFlight/32 + 1
+		d := *p.Decode
+		d.MaxStreams, d.MaxKVTokens = inFlight, 1<<40
+		p.Decode = &d
+		cfg.Profiles[config.DefaultProfileName] = p
+		for e := 0; e < 64; e++ {
+			role := "prefill"
+			if e%2 == 1 {
+				role = "decode"
+			}
+			cfg.Engines = append(cfg.Engines, config.Engine{ID: fmt.Sprintf("e%d", e), Address: fmt.Sprintf("10.0.0.%d:8000", e), Role: role, Profile: config.DefaultProfileName})
+		}
+		f, _ := fleet.New(cfg, epoch)
+		prefix := make([]uint64, 32)
+		heap := func() uint64 {
+			runtime.GC()
+			var m runtime.MemStats
+			runtime.ReadMemStats(&m)
+			return m.HeapAlloc
+		}
+		base := heap()
+		r := New(cfg, f.Snapshot(), epoch)
+		for k := 0; k < inFlight; k++ {
+			if o := r.Offer(epoch, Offer{ID: "r", PromptTokens: 1024, MaxTokens: 128, Prefix: prefix}); o.Status != Dispatched {
+				b.Fatalf("in flight %d: %+v", k, o)
+			}
+		}
+		mid := heap()
+		for r.nWaiting == 0 { // fill the last prefill slots
+			r.Offer(epoch, Offer{ID: "r", PromptTokens: 1024, MaxTokens: 128, Prefix: prefix})
+		}
+		r.Cancel(epoch, r.waiting.at(0))
+		for k := 0; k < waiting; k++ {
+			if o := r.Offer(epoch, Offer{ID: "r", PromptTokens: 1024, MaxTokens: 128, Prefix: prefix}); o.Status != Waiting {
+				b.Fatalf("waiting %d: %+v", k, o)
+			}
+		}
+		end := heap()
+		b.ReportMetric(float64(mid-base)/inFlight, "B/in-flight")
+		b.ReportMetric(float64(end-mid)/waiting, "B/waiting")
+		b.ReportMetric(float64(end-base)/(1<<20), "MiB-total")
+		runtime.KeepAlive(r)
 	}
 }

@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 }
 
 // freeAddrs returns n loopback addresses that were free a moment ago.
-func freeAddrs(t *testing.T, n int) []string {
+func freeAddrs(t testing.TB, n int) []string {
 	t.Helper()
 	var out []string
 	var lns []net.Listener
@@ -70,7 +70,7 @@ type proc struct {
 	out *syncBuffer
 }
 
-func start(t *testing.T, args ...string) *proc {
+func start(t testing.TB, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(narwhalBin, args...)
 	out := &syncBuffer{}
@@ -92,7 +92,7 @@ func start(t *testing.T, args ...string) *proc {
 }
 
 // stop sends SIGTERM and returns the exit code and how long the process took to exit.
-func (p *proc) stop(t *testing.T) (int, time.Duration) {
+func (p *proc) stop(t testing.TB) (int, time.Duration) {
 	t.Helper()
 	begin := time.Now()
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
@@ -108,7 +108,7 @@ func (p *proc) stop(t *testing.T) (int, time.Duration) {
 	return p.cmd.ProcessState.ExitCode(), time.Since(begin)
 }
 
-func writeConfig(t *testing.T, yaml string) string {
+func writeConfig(t testing.TB, yaml string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "narwhal.yaml")
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
@@ -158,7 +158,7 @@ func getState(admin string) (stateView, error) {
 }
 
 // waitFor polls the state until cond holds; it fails the test after limit.
-func waitFor(t *testing.T, admin string, limit time.Duration, what string, cond func(stateView) bool) stateView {
+func waitFor(t testing.TB, admin string, limit time.Duration, what string, cond func(stateView) bool) stateView {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	var last stateView
@@ -182,7 +182,7 @@ func lifecycleOf(st stateView, id string) string {
 	return ""
 }
 
-func startEngine(t *testing.T, addr, role string) *proc {
+func startEngine(t testing.TB, addr, role string) *proc {
 	t.Helper()
 	p := start(t, "enginesim", "--listen", addr, "--role", role)
 	deadline := time.Now().Add(10 * time.Second)
@@ -276,7 +276,7 @@ func TestServeErrors(t *testing.T) {
 	}
 }
 
-func runBin(t *testing.T, args ...string) (string, int) {
+func runBin(t testing.TB, args ...string) (string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -401,7 +401,7 @@ func TestRunScript(t *testing.T) {
 }
 
 // probedOK reports whether every engine has at least n successful health probes in /metrics.
-func probedOK(t *testing.T, admin string, engines []string, n float64) bool {
+func probedOK(t testing.TB, admin string, engines []string, n float64) bool {
 	t.Helper()
 	resp, err := http.Get("http://" + admin + "/metrics")
 	if err != nil {
