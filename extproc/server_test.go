@@ -299,7 +299,9 @@ func TestRejections(t *testing.T) {
 		var wg sync.WaitGroup
 		var waited int
 		var waitedBody string
-		wg.Go(func() { waited, _, waitedBody = fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a"}`, nil) })
+		wg.Go(func() {
+			waited, _, waitedBody = fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a"}`, nil)
+		})
 		time.Sleep(100 * time.Millisecond) // the first one is waiting now
 		code, hdr, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"b"}`, nil)
 		if c, _ := errorOf(t, body); code != 429 || c != "waiting_set_full" || hdr.Get("retry-after") == "" {
@@ -439,7 +441,9 @@ func TestEngineKilled(t *testing.T) {
 	fx := newFixture(t, relaxed(envoytest.Mode{}), nil, "prefill", "decode", "decode")
 	var wg sync.WaitGroup
 	for i := 0; i < 6; i++ {
-		wg.Go(func() { fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a","max_tokens":400,"stream":true}`, nil) })
+		wg.Go(func() {
+			fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a","max_tokens":400,"stream":true}`, nil)
+		})
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for fx.live.Snapshot().Retained.Decoding < 6 {
