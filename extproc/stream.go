@@ -333,7 +333,7 @@ func (st *stream) finish() {
 	if !ok {
 		completion = st.obs.Events()
 	} else if st.s.sizer != nil && prompt > 0 {
-		st.s.sizer.Observe(st.req.Model, st.req.PromptTokens, prompt)
+		st.s.sizer.ObserveRequest(&st.req, prompt)
 	}
 	if !st.firstAt.IsZero() && completion > 1 {
 		st.s.metrics.observeTPOT(st.s.now().Sub(st.firstAt).Seconds() / float64(completion-1))

@@ -1,0 +1,127 @@
+package extproc_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/extproc"
+	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/router"
+)
+
+// chatBody is a realistic chat request of about size bytes.
+func chatBody(size int) []byte {
+	head := `{"model":"meta-llama/Llama-3.1-8B-Instruct","stream":true,"max_tokens":128,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"`
+	tail := `"}]}`
+	words := strings.Repeat("the quick brown fox jumps over the lazy dog ", size/44+1)
+	return []byte(head + words[:size-len(head)-len(tail)] + tail)
+}
+
+// startNarwhal serves Narwhal's ext_proc server over a router of 4 idle engines (addresses
+// only: placement needs no engine) with room for any concurrency.
+func startNarwhal(b *testing.B) string {
+	cfg := config.Default()
+	p := cfg.Profiles[config.DefaultProfileName]
+	p.PrefillConcurrency = 1 << 16
+	cfg.Profiles[config.DefaultProfileName] = p
+	for i, role := range []string{"prefill", "prefill", "decode", "decode"} {
+		cfg.Engines = append(cfg.Engines, config.Engine{ID: fmt.Sprintf("e%d", i), Address: fmt.Sprintf("10.0.0.%d:8000", i+1), Role: role, Profile: config.DefaultProfileName})
+	}
+	f, err := fleet.New(cfg, time.Now())
+	if err != nil {
+		b.Fatal(err)
+	}
+	live := router.NewLive(router.New(cfg, f.Snapshot(), time.Now()), time.Now, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = live.Run(ctx); close(done) }()
+	b.Cleanup(func() { cancel(); <-done })
+	sizer, err := extproc.NewSizer(cfg.Router.Sizing)
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: live, Sizer: sizer})
+	return envoytest.StartServer(b, srv, extproc.GRPCServerOptions(cfg.Router)...)
+}
+
+// BenchmarkRoundTrip measures one ext_proc exchange as Envoy drives it (request headers, then
+// a 2 KiB BUFFERED chat body, each waiting for its reply; then the stream closes) against
+// Narwhal (parse, size, place; the close releases the placement) and against a null server
+// that answers every message with an empty reply, in the same run, at concurrency 1 and 64
+// over one shared HTTP/2 connection. p50/p99 are per exchange.
+func BenchmarkRoundTrip(b *testing.B) {
+	body := chatBody(2048)
+	h := http.Header{}
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	hdrs := envoytest.NewRequestHeaders(http.MethodPost, "/v1/chat/completions", "gateway.test", h)
+	mode := envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, MessageTimeout: 10 * time.Second, ReceivingNamespaces: []string{"envoy.lb"}}
+
+	servers := []struct {
+		name  string
+		start func(*testing.B) string
+		check func(*testing.B, *envoytest.RequestResult)
+	}{
+		{"null", func(b *testing.B) string { a, _ := envoytest.StartNullServer(b); return a }, func(*testing.B, *envoytest.RequestResult) {}},
+		{"narwhal", startNarwhal, func(b *testing.B, r *envoytest.RequestResult) {
+			if r.Headers.Get(extproc.HeaderDestination) == "" {
+				b.Fatalf("not placed: %+v", r.LocalReply)
+			}
+		}},
+	}
+	for _, srv := range servers {
+		for _, conc := range []int{1, 64} {
+			b.Run(fmt.Sprintf("%s/conc=%d", srv.name, conc), func(b *testing.B) {
+				c := envoytest.NewTestClient(b, srv.start(b), mode)
+				trip := func() time.Duration {
+					start := time.Now()
+					x := c.NewExchange(context.Background())
+					res, err := x.ProcessRequest(envoytest.Request{Headers: hdrs, Body: bytes.NewReader(body)})
+					x.Close()
+					if err != nil || res.LocalReply != nil {
+						b.Fatalf("round trip: %v %+v", err, res)
+					}
+					srv.check(b, res)
+					return time.Since(start)
+				}
+				var mu sync.Mutex
+				var lat []time.Duration
+				b.ReportAllocs()
+				b.ResetTimer()
+				if conc == 1 {
+					for i := 0; i < b.N; i++ {
+						lat = append(lat, trip())
+					}
+				} else {
+					b.SetParallelism((conc + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+					b.RunParallel(func(pb *testing.PB) {
+						var mine []time.Duration
+						for pb.Next() {
+							mine = append(mine, trip())
+						}
+						mu.Lock()
+						lat = append(lat, mine...)
+						mu.Unlock()
+					})
+				}
+				b.StopTimer()
+				slices.Sort(lat)
+				q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) }
+				b.ReportMetric(q(0.50), "p50-µs")
+				b.ReportMetric(q(0.99), "p99-µs")
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+			})
+		}
+	}
+}
