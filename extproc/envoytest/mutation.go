@@ -123,6 +123,7 @@ func applyHeaderMutation(m *extprocv3.HeaderMutation, h *Headers, rules mutation
 		}
 		// Envoy's ext_proc honours only the deprecated `append` (default
 		// false); append_action is ignored.
+		//lint:ignore SA1019 the client plays Envoy, which reads the deprecated field
 		if opt.GetAppend().GetValue() {
 			h.Add(name, value)
 		} else {
