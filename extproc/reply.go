@@ -3,6 +3,8 @@ package extproc
 import (
 	"encoding/json"
 	"strconv"
+	"sync"
+	"sync/atomic"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -67,11 +69,46 @@ func setHeader(key, value string) *corev3.HeaderValueOption {
 	}
 }
 
+// shared holds immutable reply parts that repeat across requests: header options whose value
+// is an engine address or a placement kind, and the envoy.lb metadata of each destination.
+// Protobuf messages may be marshalled concurrently as long as nobody changes them, so one copy
+// serves every stream. Engines are few; the cache stops growing at maxShared entries.
+type shared struct {
+	headers  sync.Map // [2]string{key, value} -> *corev3.HeaderValueOption
+	metadata sync.Map // destination -> *structpb.Struct
+	n        atomic.Int64
+}
+
+const maxShared = 1 << 14
+
+func (c *shared) header(key, value string) *corev3.HeaderValueOption {
+	k := [2]string{key, value}
+	if h, ok := c.headers.Load(k); ok {
+		return h.(*corev3.HeaderValueOption)
+	}
+	h := setHeader(key, value)
+	if c.n.Add(1) <= maxShared {
+		c.headers.Store(k, h)
+	}
+	return h
+}
+
+func (c *shared) lbMetadata(dest string) *structpb.Struct {
+	if m, ok := c.metadata.Load(dest); ok {
+		return m.(*structpb.Struct)
+	}
+	m := lbMetadata(dest)
+	if c.n.Add(1) <= maxShared {
+		c.metadata.Store(dest, m)
+	}
+	return m
+}
+
 // placementReply answers the request body (BUFFERED) or, in full duplex, the request headers,
 // with the placement's header mutation, a route cache clear, and envoy.lb metadata.
-func placementReply(m *extprocv3.HeaderMutation, dest string, headers bool) *extprocv3.ProcessingResponse {
+func placementReply(m *extprocv3.HeaderMutation, md *structpb.Struct, headers bool) *extprocv3.ProcessingResponse {
 	common := &extprocv3.CommonResponse{HeaderMutation: m, ClearRouteCache: true}
-	resp := &extprocv3.ProcessingResponse{DynamicMetadata: lbMetadata(dest)}
+	resp := &extprocv3.ProcessingResponse{DynamicMetadata: md}
 	if headers {
 		resp.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}}
 	} else {

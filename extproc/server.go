@@ -58,6 +58,7 @@ type Server struct {
 	now     func() time.Time
 	log     *slog.Logger
 	ids     atomic.Uint64
+	shared  shared
 }
 
 // Options configure a Server.

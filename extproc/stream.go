@@ -236,17 +236,18 @@ func rejectMessage(c router.Code) string {
 // answerPlacement sends the routing headers: the destination Envoy's ORIGINAL_DST cluster reads,
 // the prefiller or decoder the destination hands off to, the placement kind and request id.
 func (st *stream) answerPlacement(p router.Placement) {
+	c := &st.s.shared
 	dest := p.DecodeAddr
 	set := make([]*corev3.HeaderValueOption, 0, 4)
 	if st.s.cfg.Handoff == config.HandoffPrefill && p.Kind == router.Disaggregated {
 		dest = p.PrefillAddr
-		set = append(set, setHeader(HeaderDecode, p.DecodeAddr))
+		set = append(set, c.header(HeaderDecode, p.DecodeAddr))
 	} else if p.Kind == router.Disaggregated {
-		set = append(set, setHeader(HeaderPrefiller, p.PrefillAddr))
+		set = append(set, c.header(HeaderPrefiller, p.PrefillAddr))
 	}
 	set = append(set,
-		setHeader(HeaderDestination, dest),
-		setHeader(HeaderPlacement, p.Kind.String()),
+		c.header(HeaderDestination, dest),
+		c.header(HeaderPlacement, p.Kind.String()),
 		setHeader(HeaderRequestID, st.id),
 	)
 	mut := &extprocv3.HeaderMutation{SetHeaders: set}
@@ -254,7 +255,7 @@ func (st *stream) answerPlacement(p router.Placement) {
 		mut.RemoveHeaders = removeExcept(st.strip.RemoveHeaders, set)
 	}
 	st.phase = phaseResponse
-	st.reply(placementReply(mut, dest, st.fullDuplex))
+	st.reply(placementReply(mut, c.lbMetadata(dest), st.fullDuplex))
 	if st.fullDuplex { // Envoy forwards only the body Narwhal sends back
 		st.reply(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
 			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: streamedBody(st.body, true)}},
