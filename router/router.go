@@ -11,6 +11,7 @@ package router
 
 import (
 	"math"
+	"net/netip"
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
@@ -173,7 +174,10 @@ func (r *Router) SetFleet(now time.Time, snap fleet.Snapshot) {
 			continue
 		}
 		e := &r.engines[i]
-		e.role, e.live, e.addr = fe.Role, fe.Live(), fe.Addr
+		// Headers and envoy.lb metadata carry IP:port (ORIGINAL_DST needs an IP): an engine whose
+		// host name is not resolved yet takes no placements.
+		_, ipErr := netip.ParseAddrPort(fe.Addr)
+		e.role, e.live, e.addr = fe.Role, fe.Live() && ipErr == nil, fe.Addr
 	}
 	r.updateFallback(t)
 	r.rebuildPools()

@@ -135,6 +135,7 @@ func e2eConfig(admin, extproc, xds string, engines []string) string {
 
 type engineView struct {
 	ID        string `json:"id"`
+	Address   string `json:"address"`
 	Role      string `json:"role"`
 	Lifecycle string `json:"lifecycle"`
 }
@@ -173,6 +174,15 @@ func waitFor(t testing.TB, admin string, limit time.Duration, what string, cond 
 	return last
 }
 
+func addressOf(st stateView, id string) string {
+	for _, e := range st.Engines {
+		if e.ID == id {
+			return e.Address
+		}
+	}
+	return ""
+}
+
 func lifecycleOf(st stateView, id string) string {
 	for _, e := range st.Engines {
 		if e.ID == id {
@@ -208,7 +218,10 @@ func TestServeHealthEndToEnd(t *testing.T) {
 		role := map[bool]string{true: "prefill", false: "decode"}[i < 2]
 		procs[i] = startEngine(t, a, role)
 	}
-	srv := start(t, "serve", "--config", writeConfig(t, e2eConfig(admin, addrs[1], addrs[2], engines)))
+	// e4 is configured by host name: narwhal resolves it to IP:port.
+	named := append([]string(nil), engines...)
+	named[3] = "localhost" + named[3][strings.LastIndexByte(named[3], ':'):]
+	srv := start(t, "serve", "--config", writeConfig(t, e2eConfig(admin, addrs[1], addrs[2], named)))
 	st := waitFor(t, admin, 10*time.Second, "four active engines", func(s stateView) bool {
 		n := 0
 		for _, e := range s.Engines {
@@ -220,6 +233,9 @@ func TestServeHealthEndToEnd(t *testing.T) {
 	})
 	if st.Split.Prefill != 2 || st.Split.Decode != 2 {
 		t.Fatalf("split %+v, want 2/2", st.Split)
+	}
+	if a := addressOf(st, "e4"); a != engines[3] {
+		t.Fatalf("e4 (configured %s) has address %q, want the resolved %s", named[3], a, engines[3])
 	}
 
 	// Kill e3 (SIGKILL: no goodbye) and time how long narwhal takes to call it failed.

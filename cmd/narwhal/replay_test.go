@@ -127,6 +127,12 @@ func TestTraceReplay(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&raw); err != nil {
 		t.Fatal(err)
 	}
+	// Local sizing was checked against the engines' usage.prompt_tokens for the model.
+	sizing, _ := raw["sizing"].([]any)
+	if len(sizing) != 1 || sizing[0].(map[string]any)["model"] != "m" || sizing[0].(map[string]any)["samples"].(float64) < 1000 {
+		t.Fatalf("sizing in /narwhal/state: %v", raw["sizing"])
+	}
+	t.Logf("sizing: %v", sizing[0])
 	b, _ := json.Marshal(raw)
 	b = []byte(strings.NewReplacer("waiting_set_full", "WaitingSetFull", "predicted_slo_miss", "PredictedSLOMiss",
 		"fallback_busy", "FallbackBusy", "no_capacity", "NoCapacity", "wait_timeout", "WaitTimeout",

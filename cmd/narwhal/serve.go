@@ -88,6 +88,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		Path:   cfg.Health.Path,
 	}
 	monitor := controller.NewMonitor(cfg.Health, f, prober, controller.RealClock{}, metrics, log)
+	resolveAll(ctx, f, cfg.Health, log) // placements carry IP:port from the first request on
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -146,6 +147,21 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// resolveAll resolves every engine's host name once before serving; the health monitor
+// re-resolves on every pass. An engine that does not resolve takes no placements until it does.
+func resolveAll(ctx context.Context, f *fleet.Fleet, h config.Health, log *slog.Logger) {
+	for _, e := range f.Snapshot().Engines {
+		rctx, cancel := context.WithTimeout(ctx, config.Seconds(h.TimeoutS))
+		ap, err := controller.Resolve(rctx, nil, e.Address)
+		cancel()
+		if err != nil {
+			log.Warn("engine address does not resolve", "engine", e.ID, "address", e.Address, "err", err)
+			continue
+		}
+		_, _ = f.SetAddr(e.ID, ap, time.Now())
+	}
 }
 
 // listenAll opens every listener the config names before anything runs: admin, then ext_proc.
