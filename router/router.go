@@ -303,6 +303,15 @@ func (r *Router) lookup(h Handle) (*entry, int32, error) {
 	return e, s, nil
 }
 
+// dispatched looks up a request that must be in flight (prefilling or decoding).
+func (r *Router) dispatched(h Handle) (*entry, int32, error) {
+	e, slot, err := r.lookup(h)
+	if err == nil && e.phase != phasePrefilling && e.phase != phaseDecoding {
+		err = ErrPhase
+	}
+	return e, slot, err
+}
+
 func (r *Router) countLivePrefill() (n int) {
 	for i := range r.engines {
 		if e := &r.engines[i]; e.role == fleet.Prefill && e.canPrefill() {
@@ -627,12 +636,9 @@ func (r *Router) correct(e *engine, ph int, ratio float64) {
 // prefill residency now.
 func (r *Router) Complete(now time.Time, h Handle, outputTokens int) error {
 	t := r.at(now)
-	e, slot, err := r.lookup(h)
+	e, slot, err := r.dispatched(h)
 	if err != nil {
 		return err
-	}
-	if e.phase != phasePrefilling && e.phase != phaseDecoding {
-		return ErrPhase
 	}
 	if outputTokens > 0 {
 		r.outN++
@@ -649,12 +655,9 @@ func (r *Router) Complete(now time.Time, h Handle, outputTokens int) error {
 // Fail records a dispatched request that failed (engine error, upstream reset).
 func (r *Router) Fail(now time.Time, h Handle) error {
 	t := r.at(now)
-	e, slot, err := r.lookup(h)
+	e, slot, err := r.dispatched(h)
 	if err != nil {
 		return err
-	}
-	if e.phase != phasePrefilling && e.phase != phaseDecoding {
-		return ErrPhase
 	}
 	r.counters.Failed++
 	r.finish(t, e, slot)

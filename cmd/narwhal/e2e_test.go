@@ -183,6 +183,19 @@ func addressOf(st stateView, id string) string {
 	return ""
 }
 
+// allActive is a waitFor condition: n engines, all active.
+func allActive(n int) func(stateView) bool {
+	return func(s stateView) bool {
+		active := 0
+		for _, e := range s.Engines {
+			if e.Lifecycle == "active" {
+				active++
+			}
+		}
+		return len(s.Engines) == n && active == n
+	}
+}
+
 func lifecycleOf(st stateView, id string) string {
 	for _, e := range st.Engines {
 		if e.ID == id {
@@ -222,15 +235,7 @@ func TestServeHealthEndToEnd(t *testing.T) {
 	named := append([]string(nil), engines...)
 	named[3] = "localhost" + named[3][strings.LastIndexByte(named[3], ':'):]
 	srv := start(t, "serve", "--config", writeConfig(t, e2eConfig(admin, addrs[1], addrs[2], named)))
-	st := waitFor(t, admin, 10*time.Second, "four active engines", func(s stateView) bool {
-		n := 0
-		for _, e := range s.Engines {
-			if e.Lifecycle == "active" {
-				n++
-			}
-		}
-		return n == 4
-	})
+	st := waitFor(t, admin, 10*time.Second, "four active engines", allActive(4))
 	if st.Split.Prefill != 2 || st.Split.Decode != 2 {
 		t.Fatalf("split %+v, want 2/2", st.Split)
 	}
@@ -374,15 +379,7 @@ func TestRunScript(t *testing.T) {
 			t.Logf("run-local.sh output:\n%s", out.String())
 		}
 	})
-	st := waitFor(t, "127.0.0.1:9090", 20*time.Second, "make run: four active engines", func(s stateView) bool {
-		n := 0
-		for _, e := range s.Engines {
-			if e.Lifecycle == "active" {
-				n++
-			}
-		}
-		return n == 4
-	})
+	st := waitFor(t, "127.0.0.1:9090", 20*time.Second, "make run: four active engines", allActive(4))
 	if st.Split.Prefill != 2 || st.Split.Decode != 2 {
 		t.Fatalf("split %+v, want 2/2", st.Split)
 	}
