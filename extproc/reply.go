@@ -48,6 +48,13 @@ func continueTrailers(request bool) *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
 }
 
+// echoRequestBody sends a full-duplex request body chunk on upstream unchanged.
+func echoRequestBody(b []byte, end bool) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+		RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: streamedBody(b, end)}},
+	}}
+}
+
 func streamedBody(b []byte, end bool) *extprocv3.BodyMutation {
 	return &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
 		StreamedResponse: &extprocv3.StreamedBodyResponse{Body: b, EndOfStream: end},

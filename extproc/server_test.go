@@ -537,3 +537,18 @@ func TestAggregateFallback(t *testing.T) {
 		t.Fatalf("%+v", s.Counters)
 	}
 }
+
+// TestFullDuplexPassThrough: in full duplex Envoy forwards only the body the processor sends
+// back, so a request on an unrouted path must have its body echoed unchanged.
+func TestFullDuplexPassThrough(t *testing.T) {
+	fx := newFixture(t, relaxed(envoytest.Mode{RequestBody: envoytest.FullDuplex, ResponseBody: envoytest.FullDuplex}), nil)
+	body := `{"input":"not routed"}`
+	code, _, _ := fx.post(context.Background(), "/v1/embeddings", body, nil)
+	o := fx.lastOutcome()
+	if o.Route != envoytest.RouteDefault || string(o.Record.RequestBody) != body || len(o.Record.Violations) != 0 {
+		t.Fatalf("%d route %s body %q violations %+v", code, o.Route, o.Record.RequestBody, o.Record.Violations)
+	}
+	if s := fx.settle(); s.Counters.Offers != 0 {
+		t.Fatalf("an unrouted path was offered: %+v", s.Counters)
+	}
+}

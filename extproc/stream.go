@@ -151,8 +151,12 @@ func (st *stream) requestHeaders(h *extprocv3.HttpHeaders) {
 
 // requestBody reads the body: BUFFERED sends it whole; full duplex in chunks, gathered here.
 func (st *stream) requestBody(b *extprocv3.HttpBody) {
-	if st.phase != phaseBody {
-		st.reply(continueRequestBody()) // a passed-through request's body
+	if st.phase != phaseBody { // a passed-through request's body
+		if st.fullDuplex { // Envoy forwards only what comes back
+			st.reply(echoRequestBody(b.GetBody(), b.GetEndOfStream()))
+			return
+		}
+		st.reply(continueRequestBody())
 		return
 	}
 	if !st.fullDuplex {
@@ -257,9 +261,7 @@ func (st *stream) answerPlacement(p router.Placement) {
 	st.phase = phaseResponse
 	st.reply(placementReply(mut, c.lbMetadata(dest), st.fullDuplex))
 	if st.fullDuplex { // Envoy forwards only the body Narwhal sends back
-		st.reply(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
-			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: streamedBody(st.body, true)}},
-		}})
+		st.reply(echoRequestBody(st.body, true))
 		st.body = nil
 	}
 }
