@@ -16,36 +16,51 @@ import (
 // Replies Envoy expects, one builder per message kind. Header values always go in raw_value:
 // Envoy ignores value.
 
+// Replies that carry nothing of the request are the same for every stream: built once and
+// shared (protobuf messages may be marshalled concurrently while nobody changes them).
+var (
+	requestHeadersContinue   = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}
+	requestBodyContinue      = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}}
+	responseHeadersContinue  = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}}
+	responseHeadersSkipBody  = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}, ModeOverride: skipResponseBody}
+	responseBodyContinue     = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}}
+	requestTrailersContinue  = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
+	responseTrailersContinue = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
+)
+
 func continueRequestHeaders(m *extprocv3.HeaderMutation) *extprocv3.ProcessingResponse {
+	if m == nil {
+		return requestHeadersContinue
+	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
 		RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: m}},
 	}}
 }
 
-func continueResponseHeaders(override *filterv3.ProcessingMode) *extprocv3.ProcessingResponse {
-	return &extprocv3.ProcessingResponse{
-		Response:     &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}},
-		ModeOverride: override,
+// continueResponseHeaders lets the response headers through; skipBody asks Envoy (mode_override)
+// not to send the body.
+func continueResponseHeaders(skipBody bool) *extprocv3.ProcessingResponse {
+	if skipBody {
+		return responseHeadersSkipBody
 	}
+	return responseHeadersContinue
 }
 
-func continueRequestBody() *extprocv3.ProcessingResponse {
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}}
-}
-
+// continueResponseBody acknowledges a response body chunk; in full duplex it sends the chunk on.
 func continueResponseBody(echo []byte, end, fullDuplex bool) *extprocv3.ProcessingResponse {
-	body := &extprocv3.BodyResponse{}
-	if fullDuplex {
-		body.Response = &extprocv3.CommonResponse{BodyMutation: streamedBody(echo, end)}
+	if !fullDuplex {
+		return responseBodyContinue
 	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: body}}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+		ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: streamedBody(echo, end)}},
+	}}
 }
 
 func continueTrailers(request bool) *extprocv3.ProcessingResponse {
 	if request {
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
+		return requestTrailersContinue
 	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
+	return responseTrailersContinue
 }
 
 // echoRequestBody sends a full-duplex request body chunk on upstream unchanged.

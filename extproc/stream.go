@@ -156,7 +156,7 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) {
 			st.reply(echoRequestBody(b.GetBody(), b.GetEndOfStream()))
 			return
 		}
-		st.reply(continueRequestBody())
+		st.reply(requestBodyContinue)
 		return
 	}
 	if !st.fullDuplex {
@@ -284,7 +284,7 @@ next:
 // not an event stream is settled now and its body skipped (mode_override) where Envoy allows.
 func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) {
 	if !st.placed || st.phase != phaseResponse {
-		st.reply(continueResponseHeaders(nil))
+		st.reply(continueResponseHeaders(false))
 		return
 	}
 	var code, ctype string
@@ -296,21 +296,18 @@ func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) {
 			ctype = headerValue(hv)
 		}
 	}
-	var override *filterv3.ProcessingMode
-	if !st.respDuplex {
-		override = skipResponseBody
-	}
+	skip := !st.respDuplex // mode_override is refused in full duplex
 	switch {
 	case code != "200":
 		st.settle(func() error { return st.s.placer.Fail(st.handle) })
-		st.reply(continueResponseHeaders(override))
+		st.reply(continueResponseHeaders(skip))
 	case !strings.HasPrefix(ctype, "text/event-stream") || h.GetEndOfStream():
 		// A whole response at once: the engine has finished.
 		st.settle(func() error { return st.s.placer.Complete(st.handle, 0) })
-		st.reply(continueResponseHeaders(override))
+		st.reply(continueResponseHeaders(skip))
 	default:
 		st.phase = phaseStreaming
-		st.reply(continueResponseHeaders(nil))
+		st.reply(continueResponseHeaders(false))
 	}
 }
 
