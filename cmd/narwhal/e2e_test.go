@@ -290,6 +290,18 @@ func TestServeErrors(t *testing.T) {
 	if lines := strings.Count(strings.TrimSpace(out), "\n") + 1; lines != 1 {
 		t.Fatalf("port in use printed %d lines:\n%s", lines, out)
 	}
+	// The ext_proc port in use: the same, naming listen.extproc, and nothing left listening.
+	free := freeAddrs(t, 3)
+	cfg = writeConfig(t, e2eConfig(free[0], ln.Addr().String(), free[1], []string{free[2]})+"controller: {min_prefill: 0, min_decode: 1}\n")
+	out, code = runBin(t, "serve", "--config", cfg)
+	if code != 1 || !strings.Contains(out, "listen.extproc "+ln.Addr().String()) {
+		t.Fatalf("ext_proc port in use: exit %d, output %q", code, out)
+	}
+	if l, err := net.Listen("tcp", free[0]); err != nil {
+		t.Fatalf("the admin listener was left open: %v", err)
+	} else {
+		_ = l.Close()
+	}
 	// Unreadable config: exit 2.
 	out, code = runBin(t, "serve", "--config", filepath.Join(t.TempDir(), "missing.yaml"))
 	if code != 2 || !strings.Contains(out, "missing.yaml") {
