@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/envoy"
 	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
@@ -33,6 +34,8 @@ type Options struct {
 	Router interface{ Snapshot() router.Snapshot }
 	// Sizing reports the running sizing error per model; nil when not sizing.
 	Sizing func() []extproc.SizingError
+	// XDS reports the xDS server's clients, pushes and NACKs; nil without it.
+	XDS interface{ Stats() envoy.Stats }
 }
 
 // Server is the admin HTTP API. Create it with New; it is ready once SetReady(true).
@@ -91,6 +94,10 @@ func (s *Server) Snapshot() State {
 		for _, e := range s.o.Sizing() {
 			st.Sizing = append(st.Sizing, SizingState{Model: e.Model, Samples: e.Samples, MAPE: e.MAPE, Bias: e.Bias, BytesPerToken: e.BytesPerToken})
 		}
+	}
+	if s.o.XDS != nil {
+		x := s.o.XDS.Stats()
+		st.XDS = &x
 	}
 	fleetState(&st, &snap, loads)
 	return st

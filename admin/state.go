@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/narwhal-llm/narwhal/envoy"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
 )
@@ -22,6 +23,7 @@ type State struct {
 	Retained       router.Retained   `json:"retained"`
 	Counters       router.Counters   `json:"counters"`
 	Sizing         []SizingState     `json:"sizing"`
+	XDS            *envoy.Stats      `json:"xds,omitempty"` // connected Envoys, pushes, NACKs
 	EvidenceWindow EvidenceWindow    `json:"evidence_window"`
 	Decisions      []json.RawMessage `json:"decisions"`
 }

@@ -460,3 +460,42 @@ func probedOK(t testing.TB, admin string, engines []string, n float64) bool {
 	}
 	return true
 }
+
+// TestEnvoyCommands: the examples are what `narwhal envoy-config` prints, and `narwhal validate
+// --envoy` accepts each with its Narwhal config and rejects a broken one naming the field.
+func TestEnvoyCommands(t *testing.T) {
+	for _, c := range []struct {
+		file string
+		args []string
+	}{
+		{"envoy.yaml", nil},
+		{"envoy-full-duplex.yaml", []string{"--body-mode", "FULL_DUPLEX_STREAMED"}},
+		{"envoy-compose.yaml", []string{"--config", "../../examples/narwhal-compose.yaml", "--narwhal-host", "narwhal", "--admin", "0.0.0.0:9901"}},
+	} {
+		out, code := runBin(t, append([]string{"envoy-config"}, c.args...)...)
+		want, err := os.ReadFile("../../examples/envoy/" + c.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code != 0 || out != string(want) {
+			t.Fatalf("envoy-config %v (exit %d) differs from examples/envoy/%s", c.args, code, c.file)
+		}
+		args := []string{"validate", "--envoy", "../../examples/envoy/" + c.file}
+		if c.file == "envoy-compose.yaml" {
+			args = append(args, "--config", "../../examples/narwhal-compose.yaml")
+		}
+		if out, code := runBin(t, args...); code != 0 || strings.TrimSpace(out) != "ok" {
+			t.Fatalf("%v: exit %d %s", args, code, out)
+		}
+	}
+	// The compose bootstrap does not fit the default config (Narwhal listens on 127.0.0.1 there).
+	if out, code := runBin(t, "validate", "--envoy", "../../examples/envoy/envoy-compose.yaml"); code != 2 || !strings.Contains(out, "listen.extproc is 127.0.0.1:9002") {
+		t.Fatalf("compose bootstrap against the default config: exit %d %s", code, out)
+	}
+	good, _ := os.ReadFile("../../examples/envoy/envoy.yaml")
+	bad := writeConfig(t, strings.Replace(string(good), "request_body_mode: BUFFERED", "request_body_mode: STREAMED", 1))
+	out, code := runBin(t, "validate", "--envoy", bad)
+	if code != 2 || !strings.Contains(out, "processing_mode.request_body_mode: ") {
+		t.Fatalf("STREAMED request body: exit %d %s", code, out)
+	}
+}

@@ -79,6 +79,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(
 		newServe(&g, stderr),
 		newValidate(stdout),
+		newEnvoyConfig(stdout),
 		newEngineSim(&g, stderr),
 		&cobra.Command{
 			Use:   "version",

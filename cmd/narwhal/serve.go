@@ -16,10 +16,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	grpchealth "google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/narwhal-llm/narwhal/admin"
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/envoy"
 	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
@@ -50,13 +53,15 @@ func newServe(g *globalFlags, stderr io.Writer) *cobra.Command {
 }
 
 // serve runs Narwhal on a validated config until ctx is done, then shuts down within
-// shutdown_grace_s. Listeners open first, so that a port in use fails before anything runs.
+// shutdown_grace_s: readiness drops, new ext_proc streams are refused, residents finish (up to
+// the grace), then the xDS and admin servers stop. Listeners open first, so that a port in use
+// fails before anything runs.
 func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	lns, err := listenAll(cfg)
 	if err != nil {
 		return err
 	}
-	adminLn, extprocLn := lns[0], lns[1]
+	adminLn, extprocLn, xdsLn := lns[0], lns[1], lns[2]
 	start := time.Now()
 	f, err := fleet.New(cfg, start)
 	if err != nil {
@@ -76,9 +81,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	metrics := admin.NewMetrics(reg, f, version)
 	live := router.NewLive(router.New(cfg, f.Snapshot(), start), time.Now, nil)
 	admin.RegisterRouter(reg, live)
+	xds := envoy.NewServer(cfg.XDS.ClusterPrefix, f, log, reg)
+	xdsSrv := grpc.NewServer()
+	xds.Register(xdsSrv)
 	adm := admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log,
-		Router: live, Sizing: sizer.Errors})
+		Router: live, Sizing: sizer.Errors, XDS: xds})
 	grpcSrv := grpc.NewServer(extproc.GRPCServerOptions(cfg.Router)...)
+	health := grpchealth.NewServer() // Envoy's ext_proc cluster health-checks over gRPC
+	healthpb.RegisterHealthServer(grpcSrv, health)
 	extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: live, Sizer: sizer,
 		Metrics: extproc.NewMetrics(reg), Logger: log}).Register(grpcSrv)
 	adminSrv := &http.Server{Handler: adm, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
@@ -110,13 +120,22 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 			}
 		}
 	})
+	wg.Go(func() {
+		if err := xdsSrv.Serve(xdsLn); err != nil {
+			select {
+			case errc <- fmt.Errorf("xDS server: %w", err):
+			default:
+			}
+		}
+	})
+	wg.Go(func() { _ = xds.Run(runCtx) })
 	wg.Go(func() { _ = monitor.Run(runCtx) })
 	wg.Go(func() { _ = live.Run(runCtx) })
 	wg.Go(func() { live.Follow(runCtx, f) })
 	adm.SetReady(true)
 	p, d := countRoles(cfg)
 	log.Info("narwhal serving", "version", version, "admin", adminLn.Addr().String(),
-		"extproc", extprocLn.Addr().String(), "engines", len(cfg.Engines), "prefill", p, "decode", d)
+		"extproc", extprocLn.Addr().String(), "xds", xdsLn.Addr().String(), "engines", len(cfg.Engines), "prefill", p, "decode", d)
 
 	var runErr error
 	select {
@@ -126,6 +145,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		log.Error("shutting down", "err", runErr)
 	}
 	adm.SetReady(false)
+	health.Shutdown() // NOT_SERVING: Envoy's health check sees the drain
 	grace, cancelGrace := context.WithTimeout(context.Background(), config.Seconds(cfg.ShutdownGraceS))
 	defer cancelGrace()
 	// Stop admitting (new ext_proc streams are refused); let residents finish within the grace.
@@ -137,6 +157,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		grpcSrv.Stop()
 		<-stopped
 	}
+	xdsSrv.Stop() // ADS streams never end by themselves; Envoy keeps its last config
 	if err := adminSrv.Shutdown(grace); err != nil {
 		_ = adminSrv.Close()
 	}
@@ -164,13 +185,14 @@ func resolveAll(ctx context.Context, f *fleet.Fleet, h config.Health, log *slog.
 	}
 }
 
-// listenAll opens every listener the config names before anything runs: admin, then ext_proc.
+// listenAll opens every listener the config names before anything runs: admin, ext_proc, xDS.
 // A port in use is one clear line and exit 1.
 func listenAll(cfg *config.Config) ([]net.Listener, error) {
 	var lns []net.Listener
 	for _, l := range []struct{ key, addr string }{
 		{"listen.admin", cfg.Listen.Admin},
 		{"listen.extproc", cfg.Listen.ExtProc},
+		{"listen.xds", cfg.Listen.XDS},
 	} {
 		ln, err := net.Listen("tcp", l.addr)
 		if err != nil {

@@ -8,19 +8,24 @@ import (
 )
 
 func newValidate(stdout io.Writer) *cobra.Command {
-	var path string
+	var path, envoyFile string
 	cmd := &cobra.Command{
-		Use:   "validate [--config FILE]",
-		Short: "Validate a config strictly (the embedded default without --config)",
+		Use:   "validate [--config FILE] [--envoy FILE]",
+		Short: "Validate a config strictly (the embedded default without --config), or an Envoy bootstrap against it",
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if _, err := loadConfig(path); err != nil {
+			cfg, err := loadConfig(path)
+			if err != nil {
 				return err
+			}
+			if envoyFile != "" {
+				return validateEnvoy(stdout, envoyFile, cfg)
 			}
 			fmt.Fprintln(stdout, "ok")
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&path, "config", "", "config file (YAML)")
+	cmd.Flags().StringVar(&path, "config", "", "Narwhal config file (YAML)")
+	cmd.Flags().StringVar(&envoyFile, "envoy", "", "an Envoy bootstrap (YAML) to validate strictly and against the Narwhal config")
 	return cmd
 }

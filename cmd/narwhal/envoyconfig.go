@@ -1,0 +1,65 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/envoy"
+)
+
+func newEnvoyConfig(stdout io.Writer) *cobra.Command {
+	var (
+		path string
+		o    envoy.BootstrapOptions
+	)
+	cmd := &cobra.Command{
+		Use:   "envoy-config [--config FILE]",
+		Short: "Print a ready Envoy bootstrap (YAML) for a Narwhal config",
+		Long: "Prints an Envoy v3 bootstrap for the Narwhal config (the embedded default without\n" +
+			"--config): the listener, the ext_proc filter pointed at listen.extproc with a\n" +
+			"message_timeout above router.waiting_set.max_wait_s, the ORIGINAL_DST cluster on\n" +
+			"x-gateway-destination-endpoint for router.paths, and ADS to listen.xds.",
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			cfg, err := loadConfig(path)
+			if err != nil {
+				return err
+			}
+			out, err := envoy.Bootstrap(cfg, o)
+			if err != nil {
+				return usageErr(err)
+			}
+			_, err = stdout.Write(out)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&path, "config", "", "Narwhal config file (YAML)")
+	f.StringVar(&o.Listen, "listen", "", "Envoy's HTTP listener (default "+envoy.DefaultEnvoyListen+")")
+	f.StringVar(&o.Admin, "admin", "", "Envoy's admin interface (default "+envoy.DefaultEnvoyAdmin+")")
+	f.StringVar(&o.BodyMode, "body-mode", envoy.BodyBuffered, "ext_proc request_body_mode: "+envoy.BodyBuffered+" or "+envoy.BodyFullDuplex)
+	f.StringVar(&o.NarwhalHost, "narwhal-host", "", "host name Envoy reaches Narwhal by (e.g. the compose service name)")
+	return cmd
+}
+
+// validateEnvoy checks an Envoy bootstrap strictly and against the Narwhal config.
+func validateEnvoy(stdout io.Writer, file string, cfg *config.Config) error {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return usageErr(fmt.Errorf("--envoy: %w", err))
+	}
+	problems := envoy.ValidateBootstrap(data, cfg)
+	if len(problems) == 0 {
+		fmt.Fprintln(stdout, "ok")
+		return nil
+	}
+	errs := make(config.Errors, 0, len(problems))
+	for _, p := range problems {
+		errs = append(errs, config.Problem{Path: p.Path, Msg: p.Msg})
+	}
+	return usageErr(errs)
+}

@@ -1,0 +1,396 @@
+package envoy_test
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/envoy"
+)
+
+// -update rewrites the generated example Envoy configs under examples/envoy. The flag is
+// registered only if no other test file of the package has registered it.
+func init() {
+	if flag.Lookup("update") == nil {
+		flag.Bool("update", false, "rewrite golden files (examples/envoy/*.yaml)")
+	}
+}
+
+func updating() bool {
+	f := flag.Lookup("update")
+	if f == nil {
+		return false
+	}
+	v, _ := strconv.ParseBool(f.Value.String())
+	return v
+}
+
+const examplesDir = "../examples"
+
+func defaultConfig(t testing.TB) *config.Config {
+	t.Helper()
+	cfg, err := config.LoadDefault()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func composeConfig(t testing.TB) *config.Config {
+	t.Helper()
+	cfg, err := config.LoadFile(filepath.Join(examplesDir, "narwhal-compose.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// composeOptions are the options of examples/envoy/envoy-compose.yaml: Narwhal is the compose
+// service "narwhal", and Envoy's admin is published on the host.
+var composeOptions = envoy.BootstrapOptions{NarwhalHost: "narwhal", Admin: "0.0.0.0:9901"}
+
+// generated lists every generated example: its file, the Narwhal config it is for, and the
+// options it was generated with.
+func generated(t testing.TB) []struct {
+	file string
+	cfg  *config.Config
+	opts envoy.BootstrapOptions
+} {
+	return []struct {
+		file string
+		cfg  *config.Config
+		opts envoy.BootstrapOptions
+	}{
+		{"envoy/envoy.yaml", defaultConfig(t), envoy.BootstrapOptions{}},
+		{"envoy/envoy-full-duplex.yaml", defaultConfig(t), envoy.BootstrapOptions{BodyMode: envoy.BodyFullDuplex}},
+		{"envoy/envoy-compose.yaml", composeConfig(t), composeOptions},
+	}
+}
+
+// TestExamplesGenerated regenerates every example Envoy config and compares it byte for byte
+// (go test ./envoy -run TestExamplesGenerated -update rewrites them).
+func TestExamplesGenerated(t *testing.T) {
+	for _, g := range generated(t) {
+		t.Run(g.file, func(t *testing.T) {
+			out, err := envoy.Bootstrap(g.cfg, g.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(examplesDir, g.file)
+			if updating() {
+				if err := os.WriteFile(path, out, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run go test ./envoy -run TestExamplesGenerated -update)", err)
+			}
+			if !bytes.Equal(out, want) {
+				t.Errorf("%s is not what Bootstrap generates; run go test ./envoy -run TestExamplesGenerated -update\n%s", path, firstDiff(string(want), string(out)))
+			}
+		})
+	}
+}
+
+func firstDiff(a, b string) string {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	for i := 0; i < max(len(al), len(bl)); i++ {
+		var x, y string
+		if i < len(al) {
+			x = al[i]
+		}
+		if i < len(bl) {
+			y = bl[i]
+		}
+		if x != y {
+			return "line " + strconv.Itoa(i+1) + ":\n  file:      " + x + "\n  generated: " + y
+		}
+	}
+	return ""
+}
+
+// TestExamplesValidate checks every YAML file under examples/: each Envoy config validates
+// with no problem against its Narwhal config, the Narwhal config loads, and the compose file
+// is consistent with both. A YAML file the test does not know fails it.
+func TestExamplesValidate(t *testing.T) {
+	cfgFor := map[string]*config.Config{}
+	for _, g := range generated(t) {
+		cfgFor[g.file] = g.cfg
+	}
+	err := filepath.WalkDir(examplesDir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !(strings.HasSuffix(path, ".yaml") || strings.HasSuffix(path, ".yml")) {
+			return err
+		}
+		rel, _ := filepath.Rel(examplesDir, path)
+		rel = filepath.ToSlash(rel)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		switch {
+		case strings.HasPrefix(rel, "envoy/"):
+			cfg, ok := cfgFor[rel]
+			if !ok {
+				t.Errorf("%s: an Envoy config the test does not know; add it to generated()", rel)
+				return nil
+			}
+			for _, p := range envoy.ValidateBootstrap(data, cfg) {
+				t.Errorf("%s: line %d: %s", rel, p.Line, p)
+			}
+			for _, p := range envoy.ValidateBootstrap(data, nil) {
+				t.Errorf("%s (no Narwhal config): line %d: %s", rel, p.Line, p)
+			}
+		case rel == "narwhal-compose.yaml":
+			if _, err := config.Load(data); err != nil {
+				t.Errorf("%s: %v", rel, err)
+			}
+		case rel == "docker-compose.yaml":
+			checkCompose(t, data)
+		default:
+			t.Errorf("%s: a YAML file the test does not know", rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+type composeFile struct {
+	Services map[string]struct {
+		Image   string            `yaml:"image"`
+		Build   map[string]string `yaml:"build"`
+		Command []string          `yaml:"command"`
+		Volumes []string          `yaml:"volumes"`
+		Ports   []string          `yaml:"ports"`
+	} `yaml:"services"`
+}
+
+// checkCompose checks that examples/docker-compose.yaml parses and names services, files and
+// ports consistently with the Narwhal config and the Envoy config it mounts (no Docker engine
+// runs in tests, so this is as far as it can be checked).
+func checkCompose(t *testing.T, data []byte) {
+	t.Helper()
+	var cf composeFile
+	if err := yaml.Unmarshal(data, &cf); err != nil {
+		t.Fatalf("docker-compose.yaml: %v", err)
+	}
+	cfg := composeConfig(t)
+	mount := func(svc, target string) string {
+		for _, v := range cf.Services[svc].Volumes {
+			parts := strings.Split(v, ":")
+			if len(parts) >= 2 && parts[1] == target {
+				if _, err := os.Stat(filepath.Join(examplesDir, parts[0])); err != nil {
+					t.Errorf("docker-compose.yaml: services.%s mounts %s, which does not exist", svc, parts[0])
+				}
+				return filepath.ToSlash(filepath.Clean(parts[0]))
+			}
+		}
+		t.Errorf("docker-compose.yaml: services.%s mounts nothing at %s", svc, target)
+		return ""
+	}
+	published := func(svc string, port int) {
+		p := strconv.Itoa(port)
+		if !slices.ContainsFunc(cf.Services[svc].Ports, func(s string) bool { return strings.HasSuffix(s, ":"+p) || s == p }) {
+			t.Errorf("docker-compose.yaml: services.%s does not publish port %d (ports %v)", svc, port, cf.Services[svc].Ports)
+		}
+	}
+	port := func(addr string) int {
+		i := strings.LastIndexByte(addr, ':')
+		n, err := strconv.Atoi(addr[i+1:])
+		if err != nil {
+			t.Fatalf("bad address %q", addr)
+		}
+		return n
+	}
+
+	// Narwhal: built from the repo Dockerfile, whose CMD reads /etc/narwhal/config.yaml.
+	dockerfile, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(dockerfile), `"--config", "/etc/narwhal/config.yaml"`) {
+		t.Errorf("Dockerfile CMD no longer reads /etc/narwhal/config.yaml; update docker-compose.yaml")
+	}
+	nw, ok := cf.Services["narwhal"]
+	if !ok {
+		t.Fatal("docker-compose.yaml: no narwhal service")
+	}
+	if nw.Build["context"] != ".." {
+		t.Errorf("docker-compose.yaml: services.narwhal.build.context is %q, want .. (the repo)", nw.Build["context"])
+	}
+	if got := mount("narwhal", "/etc/narwhal/config.yaml"); got != "narwhal-compose.yaml" {
+		t.Errorf("docker-compose.yaml: narwhal's config is %q, want narwhal-compose.yaml", got)
+	}
+	published("narwhal", port(cfg.Listen.Admin))
+
+	// Engines: one enginesim service per configured engine, listening on its port.
+	for _, e := range cfg.Engines {
+		host := e.Address[:strings.LastIndexByte(e.Address, ':')]
+		svc, ok := cf.Services[host]
+		if !ok {
+			t.Errorf("docker-compose.yaml: engine %s is at %s, but there is no service %q", e.ID, e.Address, host)
+			continue
+		}
+		cmd := strings.Join(svc.Command, " ")
+		if !strings.HasPrefix(cmd, "enginesim ") || !strings.Contains(cmd, "--listen 0.0.0.0:"+strconv.Itoa(port(e.Address))) ||
+			!strings.Contains(cmd, "--role "+e.Role) {
+			t.Errorf("docker-compose.yaml: services.%s.command is %q, want enginesim --listen 0.0.0.0:%d --role %s", host, cmd, port(e.Address), e.Role)
+		}
+		if svc.Image != nw.Image {
+			t.Errorf("docker-compose.yaml: services.%s.image is %q, want Narwhal's image %q", host, svc.Image, nw.Image)
+		}
+	}
+
+	// Envoy: the official image with the generated compose config, its listener and admin published.
+	ev, ok := cf.Services["envoy"]
+	if !ok {
+		t.Fatal("docker-compose.yaml: no envoy service")
+	}
+	if !strings.HasPrefix(ev.Image, "envoyproxy/envoy:") {
+		t.Errorf("docker-compose.yaml: services.envoy.image is %q, want the official envoyproxy/envoy image", ev.Image)
+	}
+	if got := mount("envoy", "/etc/envoy/envoy.yaml"); got != "envoy/envoy-compose.yaml" {
+		t.Errorf("docker-compose.yaml: envoy's config is %q, want envoy/envoy-compose.yaml", got)
+	}
+	opts := composeOptions
+	published("envoy", port(envoy.DefaultEnvoyListen))
+	published("envoy", port(opts.Admin))
+	bs, err := os.ReadFile(filepath.Join(examplesDir, "envoy/envoy-compose.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`socket_address: {address: "narwhal", port_value: ` + strconv.Itoa(port(cfg.Listen.ExtProc)) + `}`,
+		`socket_address: {address: "narwhal", port_value: ` + strconv.Itoa(port(cfg.Listen.XDS)) + `}`,
+		`socket_address: {address: "0.0.0.0", port_value: ` + strconv.Itoa(port(opts.Admin)) + `}`,
+	} {
+		if !strings.Contains(string(bs), want) {
+			t.Errorf("envoy-compose.yaml lacks %s", want)
+		}
+	}
+}
+
+// twoEngines completes a test config (a config lists at least one engine).
+const twoEngines = `
+engines:
+  - {id: e1, address: "127.0.0.1:8001", role: prefill}
+  - {id: e2, address: "127.0.0.1:8002", role: decode}
+`
+
+func TestBootstrapDeterministic(t *testing.T) {
+	cfg := defaultConfig(t)
+	a, err := envoy.Bootstrap(cfg, envoy.BootstrapOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		b, err := envoy.Bootstrap(cfg, envoy.BootstrapOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(a, b) {
+			t.Fatal("Bootstrap output differs between calls")
+		}
+	}
+}
+
+// TestBootstrapVariants generates bootstraps for configs and options other than the examples'
+// and checks each validates cleanly against its config.
+func TestBootstrapVariants(t *testing.T) {
+	load := func(t *testing.T, y string) *config.Config {
+		t.Helper()
+		cfg, err := config.Load([]byte(y + twoEngines))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	cases := []struct {
+		name string
+		cfg  string
+		opts envoy.BootstrapOptions
+		want []string // substrings of the output
+	}{
+		{"defaults", "", envoy.BootstrapOptions{},
+			[]string{"message_timeout: 35s", "per_connection_buffer_limit_bytes: 5242880", "type: STATIC", `port_value: 9002`}},
+		{"every interface becomes loopback", "listen: {extproc: \"0.0.0.0:7000\", xds: \":7001\"}\n", envoy.BootstrapOptions{},
+			[]string{`{address: "127.0.0.1", port_value: 7000}`, `{address: "127.0.0.1", port_value: 7001}`}},
+		{"IPv6 any becomes ::1", "listen: {extproc: \"[::]:7000\"}\n", envoy.BootstrapOptions{},
+			[]string{`{address: "::1", port_value: 7000}`}},
+		{"host override, DNS clusters", "listen: {extproc: \"0.0.0.0:9002\", xds: \"0.0.0.0:18000\"}\n",
+			envoy.BootstrapOptions{NarwhalHost: "narwhal.internal", Listen: "127.0.0.1:8080", Admin: "[::1]:9000"},
+			[]string{"type: STRICT_DNS", "dns_lookup_family: V4_PREFERRED", `{address: "narwhal.internal", port_value: 9002}`,
+				`{address: "127.0.0.1", port_value: 8080}`, `{address: "::1", port_value: 9000}`}},
+		{"full duplex has no message_timeout", "", envoy.BootstrapOptions{BodyMode: envoy.BodyFullDuplex},
+			[]string{"request_body_mode: FULL_DUPLEX_STREAMED", "request_trailer_mode: SEND"}},
+		{"custom paths, prefix, limits, long wait", `
+router:
+  paths: [/v1/completions, /generate]
+  body_limit_bytes: 33554432
+  waiting_set: {capacity: 100000, max_wait_s: 600}
+xds: {cluster_prefix: llm}
+`, envoy.BootstrapOptions{},
+			[]string{`path: "/generate"`, "cluster: llm-engines", "message_timeout: 605s", "stream_idle_timeout: 665s",
+				"per_connection_buffer_limit_bytes: 34603008", "max_requests: 101376"}},
+		{"fractional wait", "router: {waiting_set: {max_wait_s: 2.5}}\n", envoy.BootstrapOptions{},
+			[]string{"message_timeout: 7.5s"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := load(t, c.cfg)
+			out, err := envoy.Bootstrap(cfg, c.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("output lacks %q", w)
+				}
+			}
+			if c.opts.BodyMode == envoy.BodyFullDuplex && regexp.MustCompile(`(?m)^\s+message_timeout:`).Match(out) {
+				t.Error("full duplex output sets message_timeout")
+			}
+			for _, p := range envoy.ValidateBootstrap(out, cfg) {
+				t.Errorf("line %d: %s", p.Line, p)
+			}
+		})
+	}
+}
+
+func TestBootstrapErrors(t *testing.T) {
+	cfg := defaultConfig(t)
+	if _, err := envoy.Bootstrap(nil, envoy.BootstrapOptions{}); err == nil {
+		t.Error("nil config: no error")
+	}
+	for _, o := range []envoy.BootstrapOptions{
+		{BodyMode: "STREAMED"},
+		{Listen: "10000"},
+		{Admin: "127.0.0.1:0"},
+	} {
+		if _, err := envoy.Bootstrap(cfg, o); err == nil {
+			t.Errorf("%+v: no error", o)
+		}
+	}
+	long, err := config.Load([]byte("router: {waiting_set: {max_wait_s: 4000}}\n" + twoEngines))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := envoy.Bootstrap(long, envoy.BootstrapOptions{}); err == nil || !strings.Contains(err.Error(), "FULL_DUPLEX_STREAMED") {
+		t.Errorf("max_wait_s beyond Envoy's message_timeout limit: err = %v", err)
+	}
+	if _, err := envoy.Bootstrap(long, envoy.BootstrapOptions{BodyMode: envoy.BodyFullDuplex}); err != nil {
+		t.Errorf("max_wait_s 4000 in full duplex: %v", err)
+	}
+}

@@ -1,0 +1,915 @@
+package envoy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/anypb"
+	"sigs.k8s.io/yaml"
+
+	"github.com/narwhal-llm/narwhal/config"
+)
+
+// Problem is one thing wrong with an Envoy bootstrap: the JSON path of the field (list indices
+// and map keys included, e.g.
+// "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.message_timeout";
+// map keys that are not plain words are quoted: `typed_per_filter_config["envoy.filters.http.ext_proc"]`)
+// and what is wrong with it. Path is empty for problems of the document as a whole.
+type Problem struct {
+	Path string
+	Msg  string
+	// Line is the 1-based line of the YAML where Path (or its nearest ancestor written in the
+	// document) is, 0 when unknown. String does not print it.
+	Line int
+}
+
+// String renders the problem as one line, "path: message".
+func (p Problem) String() string {
+	if p.Path == "" {
+		return p.Msg
+	}
+	return p.Path + ": " + p.Msg
+}
+
+// ValidateBootstrap checks an Envoy v3 bootstrap (YAML or JSON) strictly and returns every
+// problem found, nil when there is none:
+//
+//  1. the YAML converts to JSON strictly (no duplicate keys);
+//  2. every key names a field of the Envoy v3 API, every enum value exists, every scalar has the
+//     right type and range, and every typed_config "@type" is a known type: checked against the
+//     proto descriptors, descending into every Any, then confirmed by protojson.Unmarshal
+//     (unknown fields are errors) into bootstrapv3.Bootstrap;
+//  3. the proto constraints (protoc-gen-validate ValidateAll) hold for the bootstrap and for the
+//     unpacked content of every Any, recursively (the top-level ValidateAll does not descend
+//     into Any);
+//  4. the lint rules protos cannot see (lint.go): the ext_proc filter is configured the way
+//     Narwhal needs, no request Narwhal did not place can reach the ORIGINAL_DST cluster, every
+//     referenced cluster exists, subset keys are the ones Narwhal publishes, and, when cfg is
+//     not nil, the bootstrap fits that Narwhal config (addresses, body limit, waiting time,
+//     waiting-set capacity, paths, cluster prefix).
+//
+// With a nil cfg only the checks that need no Narwhal config run.
+func ValidateBootstrap(data []byte, cfg *config.Config) []Problem {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		msg := strings.TrimPrefix(err.Error(), "error converting YAML to JSON: ")
+		p := Problem{Msg: "not valid YAML: " + msg}
+		if m := yamlErrLineRE.FindStringSubmatch(msg); m != nil {
+			p.Line, _ = strconv.Atoi(m[1])
+		}
+		return []Problem{p}
+	}
+	lines := yamlLineIndex(data)
+	var doc any
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.UseNumber()
+	if err := dec.Decode(&doc); err != nil {
+		return []Problem{{Msg: "not valid YAML: " + err.Error()}}
+	}
+	if _, ok := doc.(map[string]any); !ok {
+		return []Problem{{Msg: "the document must be a mapping (an Envoy bootstrap), got " + jsonKind(doc)}}
+	}
+
+	sw := &schemaWalker{written: map[string]string{"": ""}}
+	sw.message(doc, (&bootstrapv3.Bootstrap{}).ProtoReflect().Descriptor(), "", "")
+	if len(sw.problems) > 0 {
+		return sw.finish(sw.problems, lines)
+	}
+
+	var b bootstrapv3.Bootstrap
+	if err := (protojson.UnmarshalOptions{}).Unmarshal(js, &b); err != nil {
+		return []Problem{protojsonProblem(err, js, lines)}
+	}
+
+	problems := validateTree(&b)
+	problems = append(problems, lintBootstrap(&b, cfg)...)
+	return sw.finish(problems, lines)
+}
+
+var yamlErrLineRE = regexp.MustCompile(`line (\d+)`)
+
+// ---------------------------------------------------------------------------------------------
+// Paths
+
+// pathKey appends a map key or field name to a path: ".name" for plain words, `["a.b"]` for
+// keys with other characters (such as dots).
+func pathKey(path, k string) string {
+	if k != "" && strings.IndexFunc(k, func(r rune) bool {
+		return !(r == '_' || r == '-' || r == '@' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+	}) < 0 {
+		if path == "" {
+			return k
+		}
+		return path + "." + k
+	}
+	return path + "[" + strconv.Quote(k) + "]"
+}
+
+// pathIndex appends a list index to a path.
+func pathIndex(path string, i int) string { return path + "[" + strconv.Itoa(i) + "]" }
+
+// pathParent strips the last component of a path ("" for a top-level one).
+func pathParent(p string) string {
+	if strings.HasSuffix(p, "]") {
+		if strings.HasSuffix(p, "\"]") { // a quoted key: find its opening `["`
+			if i := strings.LastIndex(p[:len(p)-2], "[\""); i >= 0 {
+				return p[:i]
+			}
+		}
+		if i := strings.LastIndexByte(p, '['); i >= 0 {
+			return p[:i]
+		}
+	}
+	if i := strings.LastIndexByte(p, '.'); i >= 0 {
+		return p[:i]
+	}
+	return ""
+}
+
+// finish rewrites canonical paths (proto field names) to the keys as written in the document
+// (a field written in lowerCamelCase stays so) and attaches line numbers.
+func (w *schemaWalker) finish(ps []Problem, lines map[string]int) []Problem {
+	if len(ps) == 0 {
+		return nil
+	}
+	out := make([]Problem, 0, len(ps))
+	for _, p := range ps {
+		for q := p.Path; ; q = pathParent(q) {
+			if wr, ok := w.written[q]; ok {
+				p.Path = wr + p.Path[len(q):]
+				if p.Line == 0 {
+					p.Line = lines[wr]
+				}
+				break
+			}
+			if q == "" {
+				break
+			}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Descriptor-guided check of the JSON document: every problem at once, with its path.
+
+// schemaWalker checks a JSON value against a message descriptor the way protojson reads it,
+// reporting every unknown field, bad enum value, wrong type and unknown Any type. It records,
+// for every field it visits, the path as written (JSON or proto field names) under its
+// canonical path (proto field names).
+type schemaWalker struct {
+	problems []Problem
+	written  map[string]string
+}
+
+func (w *schemaWalker) add(path, format string, args ...any) {
+	w.problems = append(w.problems, Problem{Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (w *schemaWalker) message(v any, md protoreflect.MessageDescriptor, canon, written string) {
+	if v == nil {
+		return // null: the field is unset
+	}
+	switch md.FullName() {
+	case "google.protobuf.Any":
+		w.anyValue(v, canon, written)
+		return
+	case "google.protobuf.Duration":
+		w.duration(v, written)
+		return
+	case "google.protobuf.Timestamp", "google.protobuf.FieldMask":
+		if _, ok := v.(string); !ok {
+			w.add(written, "must be a string (%s), got %s", md.Name(), jsonKind(v))
+		}
+		return
+	case "google.protobuf.Value":
+		return // any JSON value
+	case "google.protobuf.Struct":
+		if _, ok := v.(map[string]any); !ok {
+			w.add(written, "must be a mapping, got %s", jsonKind(v))
+		}
+		return
+	case "google.protobuf.ListValue":
+		if _, ok := v.([]any); !ok {
+			w.add(written, "must be a list, got %s", jsonKind(v))
+		}
+		return
+	case "google.protobuf.DoubleValue", "google.protobuf.FloatValue", "google.protobuf.Int64Value",
+		"google.protobuf.UInt64Value", "google.protobuf.Int32Value", "google.protobuf.UInt32Value",
+		"google.protobuf.BoolValue", "google.protobuf.StringValue", "google.protobuf.BytesValue":
+		w.scalar(v, md.Fields().ByName("value"), written)
+		return
+	}
+	obj, ok := v.(map[string]any)
+	if !ok {
+		w.add(written, "must be a mapping (%s), got %s", md.FullName(), jsonKind(v))
+		return
+	}
+	w.fields(obj, md, canon, written, nil)
+}
+
+// fields checks the members of an object read as message md, skipping the keys in skip.
+func (w *schemaWalker) fields(obj map[string]any, md protoreflect.MessageDescriptor, canon, written string, skip map[string]bool) {
+	seen := map[protoreflect.FieldNumber]string{}
+	oneofs := map[protoreflect.FullName]string{}
+	for _, k := range sortedKeys(obj) {
+		if skip[k] {
+			continue
+		}
+		wk := pathKey(written, k)
+		fd := md.Fields().ByJSONName(k)
+		if fd == nil {
+			fd = md.Fields().ByName(protoreflect.Name(k))
+		}
+		if fd == nil {
+			msg := fmt.Sprintf("unknown field %q in %s", k, md.FullName())
+			if s := suggest(k, fieldNames(md)); s != "" {
+				msg += fmt.Sprintf("; did you mean %q?", s)
+			}
+			w.problems = append(w.problems, Problem{Path: wk, Msg: msg})
+			continue
+		}
+		if prev, dup := seen[fd.Number()]; dup {
+			w.add(wk, "field %s is set twice (also as %q)", fd.Name(), prev)
+			continue
+		}
+		seen[fd.Number()] = k
+		if od := fd.ContainingOneof(); od != nil && !od.IsSynthetic() && obj[k] != nil {
+			if prev, set := oneofs[od.FullName()]; set {
+				w.add(wk, "only one of the %s fields may be set, and %q is already set", od.Name(), prev)
+				continue
+			}
+			oneofs[od.FullName()] = k
+		}
+		ck := pathKey(canon, string(fd.Name()))
+		w.written[ck] = wk
+		w.field(obj[k], fd, ck, wk)
+	}
+}
+
+func (w *schemaWalker) field(v any, fd protoreflect.FieldDescriptor, canon, written string) {
+	if v == nil {
+		return
+	}
+	switch {
+	case fd.IsList():
+		list, ok := v.([]any)
+		if !ok {
+			w.add(written, "must be a list, got %s", jsonKind(v))
+			return
+		}
+		for i, e := range list {
+			ci, wi := pathIndex(canon, i), pathIndex(written, i)
+			w.written[ci] = wi
+			w.single(e, fd, ci, wi)
+		}
+	case fd.IsMap():
+		obj, ok := v.(map[string]any)
+		if !ok {
+			w.add(written, "must be a mapping, got %s", jsonKind(v))
+			return
+		}
+		for _, k := range sortedKeys(obj) {
+			ck, wk := pathKey(canon, k), pathKey(written, k)
+			w.written[ck] = wk
+			switch fd.MapKey().Kind() {
+			case protoreflect.StringKind:
+			case protoreflect.BoolKind:
+				if k != "true" && k != "false" {
+					w.add(wk, "map key must be true or false, got %q", k)
+				}
+			default:
+				if _, err := strconv.ParseInt(k, 10, 64); err != nil {
+					w.add(wk, "map key must be an integer, got %q", k)
+				}
+			}
+			w.single(obj[k], fd.MapValue(), ck, wk)
+		}
+	default:
+		w.single(v, fd, canon, written)
+	}
+}
+
+func (w *schemaWalker) single(v any, fd protoreflect.FieldDescriptor, canon, written string) {
+	if fd.Kind() == protoreflect.MessageKind || fd.Kind() == protoreflect.GroupKind {
+		w.message(v, fd.Message(), canon, written)
+		return
+	}
+	w.scalar(v, fd, written)
+}
+
+func (w *schemaWalker) anyValue(v any, canon, written string) {
+	obj, ok := v.(map[string]any)
+	if !ok {
+		w.add(written, "must be a mapping with an \"@type\", got %s", jsonKind(v))
+		return
+	}
+	t, ok := obj["@type"].(string)
+	if !ok {
+		if _, present := obj["@type"]; present {
+			w.add(pathKey(written, "@type"), "must be a string (a type URL)")
+		} else {
+			w.add(written, "missing \"@type\": a typed_config names its type, e.g. \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router")
+		}
+		return
+	}
+	mt, err := protoregistry.GlobalTypes.FindMessageByURL(t)
+	if err != nil {
+		w.add(pathKey(written, "@type"), "unknown type %q (not an Envoy v3 API type this validator knows)", t)
+		return
+	}
+	md := mt.Descriptor()
+	if hasCustomJSON(md) {
+		for _, k := range sortedKeys(obj) {
+			if k != "@type" && k != "value" {
+				w.add(pathKey(written, k), "unknown field %q: a %s in an Any is written as {\"@type\": ..., \"value\": ...}", k, md.FullName())
+			}
+		}
+		ck, wk := pathKey(canon, "value"), pathKey(written, "value")
+		w.written[ck] = wk
+		w.message(obj["value"], md, ck, wk)
+		return
+	}
+	w.fields(obj, md, canon, written, map[string]bool{"@type": true})
+}
+
+// hasCustomJSON reports the well-known types protojson writes as something other than an
+// object of their fields; inside an Any they go under "value".
+func hasCustomJSON(md protoreflect.MessageDescriptor) bool {
+	if md.ParentFile().Package() != "google.protobuf" {
+		return false
+	}
+	switch md.Name() {
+	case "Any", "Timestamp", "Duration", "Struct", "ListValue", "Value", "FieldMask", "Empty",
+		"DoubleValue", "FloatValue", "Int64Value", "UInt64Value", "Int32Value", "UInt32Value",
+		"BoolValue", "StringValue", "BytesValue":
+		return true
+	}
+	return false
+}
+
+var durationRE = regexp.MustCompile(`^(-)?([0-9]+)(?:\.([0-9]{1,9}))?s$`)
+
+func (w *schemaWalker) duration(v any, written string) {
+	s, ok := v.(string)
+	if !ok {
+		w.add(written, "must be a duration string such as \"35s\" or \"0.5s\", got %s", jsonKind(v))
+		return
+	}
+	m := durationRE.FindStringSubmatch(s)
+	if m == nil {
+		w.add(written, "must be a duration such as \"35s\" or \"0.5s\" (seconds with an \"s\" suffix), got %q", s)
+		return
+	}
+	if sec, err := strconv.ParseInt(m[2], 10, 64); err != nil || sec > 315576000000 {
+		w.add(written, "duration %q is out of range", s)
+	}
+}
+
+func (w *schemaWalker) scalar(v any, fd protoreflect.FieldDescriptor, written string) {
+	switch fd.Kind() {
+	case protoreflect.EnumKind:
+		ed := fd.Enum()
+		if ed.FullName() == "google.protobuf.NullValue" {
+			w.add(written, "must be null")
+			return
+		}
+		switch x := v.(type) {
+		case string:
+			if ed.Values().ByName(protoreflect.Name(x)) == nil {
+				var names []string
+				for i := 0; i < ed.Values().Len(); i++ {
+					names = append(names, string(ed.Values().Get(i).Name()))
+				}
+				msg := fmt.Sprintf("invalid value %q for enum %s (one of %s)", x, ed.Name(), strings.Join(names, ", "))
+				if s := suggest(x, names); s != "" {
+					msg += fmt.Sprintf("; did you mean %s?", s)
+				}
+				w.problems = append(w.problems, Problem{Path: written, Msg: msg})
+			}
+		case json.Number:
+			if _, err := strconv.ParseInt(x.String(), 10, 32); err != nil {
+				w.add(written, "invalid enum number %s for %s", x, ed.Name())
+			}
+		default:
+			w.add(written, "must be an enum name of %s, got %s", ed.Name(), jsonKind(v))
+		}
+	case protoreflect.BoolKind:
+		if _, ok := v.(bool); !ok {
+			w.add(written, "must be true or false, got %s", jsonKind(v))
+		}
+	case protoreflect.StringKind:
+		if _, ok := v.(string); !ok {
+			w.add(written, "must be a string, got %s (quote it)", jsonKind(v))
+		}
+	case protoreflect.BytesKind:
+		s, ok := v.(string)
+		if !ok {
+			w.add(written, "must be a base64 string, got %s", jsonKind(v))
+			return
+		}
+		if !isBase64(s) {
+			w.add(written, "must be base64, got %q", s)
+		}
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind:
+		w.integer(v, written, "a 32-bit integer", -1<<31, 1<<31-1, false)
+	case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
+		w.integer(v, written, "a 64-bit integer", -1<<63, 1<<63-1, false)
+	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
+		w.integer(v, written, "an unsigned 32-bit integer", 0, 1<<32-1, false)
+	case protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+		w.integer(v, written, "an unsigned 64-bit integer", 0, 0, true)
+	case protoreflect.FloatKind, protoreflect.DoubleKind:
+		var s string
+		switch x := v.(type) {
+		case json.Number:
+			s = x.String()
+		case string:
+			if x == "NaN" || x == "Infinity" || x == "-Infinity" {
+				return
+			}
+			s = x
+		default:
+			w.add(written, "must be a number, got %s", jsonKind(v))
+			return
+		}
+		bits := 64
+		if fd.Kind() == protoreflect.FloatKind {
+			bits = 32
+		}
+		if _, err := strconv.ParseFloat(s, bits); err != nil {
+			w.add(written, "must be a number, got %q", s)
+		}
+	}
+}
+
+// integer checks an integer written as a JSON number or string, within [lo, hi] (or any
+// unsigned 64-bit value when u64).
+func (w *schemaWalker) integer(v any, written, what string, lo, hi int64, u64 bool) {
+	var s string
+	switch x := v.(type) {
+	case json.Number:
+		s = x.String()
+	case string:
+		s = x
+	default:
+		w.add(written, "must be %s, got %s", what, jsonKind(v))
+		return
+	}
+	if u64 {
+		if _, err := strconv.ParseUint(s, 10, 64); err == nil {
+			return
+		}
+	} else if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n < lo || n > hi {
+			w.add(written, "%s is out of range: must be %s (%d to %d)", s, what, lo, hi)
+		}
+		return
+	}
+	if f, err := strconv.ParseFloat(s, 64); err == nil && f == float64(int64(f)) {
+		if u64 && f >= 0 || !u64 && f >= float64(lo) && f <= float64(hi) {
+			return // an integral number in exponent form, which protojson accepts
+		}
+		w.add(written, "%s is out of range: must be %s", s, what)
+		return
+	}
+	if _, ok := v.(string); ok {
+		w.add(written, "must be %s, got %q", what, s)
+		return
+	}
+	w.add(written, "must be %s, got %s", what, s)
+}
+
+func isBase64(s string) bool {
+	for _, r := range s {
+		if !(r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || strings.ContainsRune("+/-_=", r)) {
+			return false
+		}
+	}
+	return true
+}
+
+func jsonKind(v any) string {
+	switch x := v.(type) {
+	case nil:
+		return "null"
+	case map[string]any:
+		return "a mapping"
+	case []any:
+		return "a list"
+	case string:
+		return fmt.Sprintf("string %q", x)
+	case json.Number:
+		return "number " + x.String()
+	case bool:
+		return strconv.FormatBool(x)
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+func sortedKeys(m map[string]any) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func fieldNames(md protoreflect.MessageDescriptor) []string {
+	names := make([]string, md.Fields().Len())
+	for i := range names {
+		names[i] = string(md.Fields().Get(i).Name())
+	}
+	return names
+}
+
+// suggest returns the candidate closest to s (edit distance at most 2, or equal ignoring case
+// and underscores), or "".
+func suggest(s string, candidates []string) string {
+	norm := func(x string) string { return strings.ToLower(strings.ReplaceAll(x, "_", "")) }
+	best, bestD := "", 3
+	for _, c := range candidates {
+		if norm(c) == norm(s) {
+			return c
+		}
+		if d := editDistance(strings.ToLower(s), strings.ToLower(c)); d < bestD {
+			best, bestD = c, d
+		}
+	}
+	return best
+}
+
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+// ---------------------------------------------------------------------------------------------
+// protojson errors the descriptor walk did not foresee: mapped to the path at their position.
+
+// protojsonErrRE splits a protojson error; protobuf-go puts a random choice of ASCII or
+// non-breaking spaces after "proto:" on purpose, so both are accepted.
+var protojsonErrRE = regexp.MustCompile(`^proto:[\s\x{00a0}]*(?:\(line (\d+):(\d+)\):[\s\x{00a0}]*)?(.*)$`)
+
+func protojsonProblem(err error, js []byte, lines map[string]int) Problem {
+	msg := err.Error()
+	m := protojsonErrRE.FindStringSubmatch(msg)
+	if m == nil {
+		return Problem{Msg: msg}
+	}
+	msg = m[3]
+	if m[1] == "" {
+		return Problem{Msg: msg}
+	}
+	line, _ := strconv.Atoi(m[1])
+	col, _ := strconv.Atoi(m[2])
+	off := 0
+	for l := 1; l < line && off < len(js); l++ { // json.Marshal output is one line, but be general
+		i := bytes.IndexByte(js[off:], '\n')
+		if i < 0 {
+			break
+		}
+		off += i + 1
+	}
+	for c := 1; c < col && off < len(js); c++ { // columns count runes
+		_, size := utf8.DecodeRune(js[off:])
+		off += size
+	}
+	path := jsonPathAt(js, off)
+	return Problem{Path: path, Msg: msg, Line: lines[path]}
+}
+
+// jsonPathAt returns the path of the member whose key or value starts at byte offset off of a
+// JSON document, or else of the innermost value containing it.
+func jsonPathAt(js []byte, off int) string {
+	s := &jsonScanner{b: js, target: off, span: len(js) + 1}
+	s.value("")
+	return s.best
+}
+
+type jsonScanner struct {
+	b      []byte
+	i      int
+	target int
+	best   string
+	exact  bool // best starts at target
+	span   int  // length of best's value when not exact
+}
+
+func (s *jsonScanner) ws() {
+	for s.i < len(s.b) && strings.IndexByte(" \t\r\n", s.b[s.i]) >= 0 {
+		s.i++
+	}
+}
+
+func (s *jsonScanner) hit(path string, start int) {
+	if start == s.target && !s.exact {
+		s.best, s.exact = path, true
+	}
+}
+
+func (s *jsonScanner) value(path string) {
+	s.ws()
+	start := s.i
+	s.hit(path, start)
+	if s.i >= len(s.b) {
+		return
+	}
+	switch s.b[s.i] {
+	case '{':
+		s.i++
+		for {
+			s.ws()
+			if s.i >= len(s.b) || s.b[s.i] == '}' {
+				s.i++
+				break
+			}
+			if s.b[s.i] == ',' {
+				s.i++
+				continue
+			}
+			keyStart := s.i
+			key := s.str()
+			child := pathKey(path, key)
+			s.hit(child, keyStart)
+			s.ws()
+			if s.i < len(s.b) && s.b[s.i] == ':' {
+				s.i++
+			}
+			s.value(child)
+		}
+	case '[':
+		s.i++
+		for n := 0; ; {
+			s.ws()
+			if s.i >= len(s.b) || s.b[s.i] == ']' {
+				s.i++
+				break
+			}
+			if s.b[s.i] == ',' {
+				s.i++
+				continue
+			}
+			s.value(pathIndex(path, n))
+			n++
+		}
+	case '"':
+		s.str()
+	default:
+		for s.i < len(s.b) && strings.IndexByte(",]} \t\r\n", s.b[s.i]) < 0 {
+			s.i++
+		}
+	}
+	if !s.exact && start <= s.target && s.target < s.i && s.i-start < s.span {
+		s.best, s.span = path, s.i-start
+	}
+}
+
+func (s *jsonScanner) str() string {
+	start := s.i
+	if s.i < len(s.b) && s.b[s.i] == '"' {
+		s.i++
+	}
+	for s.i < len(s.b) && s.b[s.i] != '"' {
+		if s.b[s.i] == '\\' {
+			s.i++
+		}
+		s.i++
+	}
+	s.i++
+	var k string
+	if err := json.Unmarshal(s.b[start:min(s.i, len(s.b))], &k); err != nil {
+		return string(s.b[start:min(s.i, len(s.b))])
+	}
+	return k
+}
+
+// ---------------------------------------------------------------------------------------------
+// Proto constraints: ValidateAll on the bootstrap and on the content of every Any, recursively.
+
+// validateTree runs ValidateAll on m and on the unpacked content of every Any under it (at any
+// depth, including Anys inside unpacked Anys), returning the problems under canonical paths.
+func validateTree(m proto.Message) []Problem {
+	var out []Problem
+	var visit func(m proto.Message, path string)
+	visit = func(m proto.Message, path string) {
+		if v, ok := m.(interface{ ValidateAll() error }); ok {
+			if err := v.ValidateAll(); err != nil {
+				pgvProblems(err, m.ProtoReflect(), path, &out)
+			}
+		}
+		eachAny(m.ProtoReflect(), path, func(a *anypb.Any, p string) {
+			inner, err := a.UnmarshalNew()
+			if err != nil {
+				out = append(out, Problem{Path: p, Msg: "cannot unpack " + a.GetTypeUrl() + ": " + err.Error()})
+				return
+			}
+			visit(inner, p)
+		})
+	}
+	visit(m, "")
+	return out
+}
+
+// eachAny calls f for every populated Any field under m (not descending into the Anys: f
+// does), in field order, with its canonical path.
+func eachAny(m protoreflect.Message, path string, f func(*anypb.Any, string)) {
+	fields := m.Descriptor().Fields()
+	for i := 0; i < fields.Len(); i++ {
+		fd := fields.Get(i)
+		if fd.Message() == nil || !m.Has(fd) {
+			continue
+		}
+		p := pathKey(path, string(fd.Name()))
+		msg := func(v protoreflect.Value, p string) {
+			sub := v.Message()
+			if a, ok := sub.Interface().(*anypb.Any); ok {
+				f(a, p)
+				return
+			}
+			eachAny(sub, p, f)
+		}
+		switch {
+		case fd.IsList():
+			l := m.Get(fd).List()
+			for j := 0; j < l.Len(); j++ {
+				msg(l.Get(j), pathIndex(p, j))
+			}
+		case fd.IsMap():
+			if fd.MapValue().Message() == nil {
+				continue
+			}
+			mp := m.Get(fd).Map()
+			var keys []string
+			vals := map[string]protoreflect.Value{}
+			mp.Range(func(k protoreflect.MapKey, v protoreflect.Value) bool {
+				keys = append(keys, k.String())
+				vals[k.String()] = v
+				return true
+			})
+			sort.Strings(keys)
+			for _, k := range keys {
+				msg(vals[k], pathKey(p, k))
+			}
+		default:
+			msg(m.Get(fd), p)
+		}
+	}
+}
+
+// pgvField is a protoc-gen-validate field error; pgvMulti a list of them.
+type pgvField interface {
+	Field() string
+	Reason() string
+	Cause() error
+	Key() bool
+}
+
+type pgvMulti interface{ AllErrors() []error }
+
+// pgvProblems turns a ValidateAll error of message m at path into problems, following embedded
+// message errors down to the field that failed.
+func pgvProblems(err error, m protoreflect.Message, path string, out *[]Problem) {
+	if multi, ok := err.(pgvMulti); ok {
+		for _, e := range multi.AllErrors() {
+			pgvProblems(e, m, path, out)
+		}
+		return
+	}
+	fe, ok := err.(pgvField)
+	if !ok {
+		*out = append(*out, Problem{Path: path, Msg: err.Error()})
+		return
+	}
+	name, sub, indexed := strings.Cut(fe.Field(), "[")
+	sub = strings.TrimSuffix(sub, "]")
+	md := m.Descriptor()
+	fd := pgvFieldByGoName(md, name)
+	var p string
+	switch {
+	case fd != nil:
+		p = pathKey(path, string(fd.Name()))
+	default:
+		p = pathKey(path, snakeCase(name))
+		if od := pgvOneofByGoName(md, name); od != nil {
+			p = pathKey(path, string(od.Name()))
+		}
+	}
+	if indexed {
+		if fd != nil && fd.IsList() {
+			if n, err := strconv.Atoi(sub); err == nil {
+				p = pathIndex(p, n)
+			}
+		} else {
+			p = pathKey(p, sub)
+		}
+	}
+	cause := fe.Cause()
+	if cause != nil && fd != nil && fd.Message() != nil && (isType[pgvMulti](cause) || isType[pgvField](cause)) {
+		if child, ok := pgvChild(m, fd, sub, indexed); ok {
+			pgvProblems(cause, child, p, out)
+			return
+		}
+	}
+	msg := fe.Reason()
+	if fe.Key() {
+		msg = "key " + msg
+	}
+	if cause != nil {
+		msg += ": " + cause.Error()
+	}
+	*out = append(*out, Problem{Path: p, Msg: msg})
+}
+
+func isType[T any](err error) bool {
+	_, ok := err.(T)
+	return ok
+}
+
+func pgvChild(m protoreflect.Message, fd protoreflect.FieldDescriptor, sub string, indexed bool) (protoreflect.Message, bool) {
+	switch {
+	case fd.IsList() && indexed:
+		n, err := strconv.Atoi(sub)
+		l := m.Get(fd).List()
+		if err != nil || n < 0 || n >= l.Len() {
+			return nil, false
+		}
+		return l.Get(n).Message(), true
+	case fd.IsMap() && indexed:
+		if fd.MapKey().Kind() != protoreflect.StringKind || fd.MapValue().Message() == nil {
+			return nil, false
+		}
+		v := m.Get(fd).Map().Get(protoreflect.ValueOfString(sub).MapKey())
+		if !v.IsValid() {
+			return nil, false
+		}
+		return v.Message(), true
+	case !fd.IsList() && !fd.IsMap():
+		return m.Get(fd).Message(), true
+	}
+	return nil, false
+}
+
+func goNameMatches(protoName, goName string) bool {
+	return strings.EqualFold(strings.ReplaceAll(protoName, "_", ""), goName)
+}
+
+func pgvFieldByGoName(md protoreflect.MessageDescriptor, goName string) protoreflect.FieldDescriptor {
+	for i := 0; i < md.Fields().Len(); i++ {
+		if fd := md.Fields().Get(i); goNameMatches(string(fd.Name()), goName) {
+			return fd
+		}
+	}
+	return nil
+}
+
+func pgvOneofByGoName(md protoreflect.MessageDescriptor, goName string) protoreflect.OneofDescriptor {
+	for i := 0; i < md.Oneofs().Len(); i++ {
+		if od := md.Oneofs().Get(i); goNameMatches(string(od.Name()), goName) {
+			return od
+		}
+	}
+	return nil
+}
+
+func snakeCase(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		if r >= 'A' && r <= 'Z' {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			r += 'a' - 'A'
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

@@ -1,0 +1,215 @@
+package envoy
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// callbacks hold the protocol bookkeeping of the streams: clients, pushes, NACKs, and, per
+// state-of-the-world stream and type, the last response sent, which is what stops NACK loops.
+//
+// A state-of-the-world NACK carries the last version the client accepted ("" if none) and
+// the nonce of the response it rejects. Handed to the cache as is, that request looks like a
+// client behind the current version, and the cache answers it at once with the same
+// resources, which the client rejects again: a resend storm. So a NACK of the last response
+// sent on the stream is handed on as if it named the rejected version: the cache then waits
+// for the next version before it answers that stream again. (Delta streams do not loop: the
+// delta server records what it sent, and a NACK does not ask for anything new.)
+type callbacks struct {
+	log      *slog.Logger
+	metrics  *xdsMetrics
+	classify func(typeURL string) string
+
+	clients atomic.Int64
+	pushes  atomic.Uint64
+	nacks   atomic.Uint64
+
+	mu    sync.Mutex
+	sotw  map[int64]*streamState // the sotw and delta servers number their streams separately
+	delta map[int64]*streamState
+}
+
+type streamState struct {
+	node string
+	sent map[string]sentResponse // by type URL (state of the world only)
+}
+
+type sentResponse struct{ nonce, version string }
+
+var _ serverv3.Callbacks = (*callbacks)(nil)
+
+func newCallbacks(log *slog.Logger, m *xdsMetrics, classify func(string) string) *callbacks {
+	return &callbacks{log: log, metrics: m, classify: classify,
+		sotw: map[int64]*streamState{}, delta: map[int64]*streamState{}}
+}
+
+func (c *callbacks) open(streams map[int64]*streamState, id int64) {
+	c.mu.Lock()
+	streams[id] = &streamState{sent: map[string]sentResponse{}}
+	c.mu.Unlock()
+	c.clients.Add(1)
+	c.metrics.clients.Inc()
+}
+
+func (c *callbacks) close(streams map[int64]*streamState, id int64) {
+	c.mu.Lock()
+	_, ok := streams[id]
+	delete(streams, id)
+	c.mu.Unlock()
+	if ok {
+		c.clients.Add(-1)
+		c.metrics.clients.Dec()
+	}
+}
+
+// request records the node and reports whether the request is the first of its type on the
+// stream; with a NACK it also counts and logs it, and returns the last response sent.
+func (c *callbacks) request(streams map[int64]*streamState, id int64, node *corev3.Node, typeURL string) (st *streamState, last sentResponse, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st = streams[id]
+	if st == nil { // not opened through the callbacks: cannot happen with go-control-plane
+		st = &streamState{sent: map[string]sentResponse{}}
+		streams[id] = st
+	}
+	if node.GetId() != "" {
+		st.node = node.GetId()
+	}
+	last, ok = st.sent[typeURL]
+	return st, last, ok
+}
+
+func (c *callbacks) nack(id int64, node, typeURL, nonce, rejected string, detail string, delta bool) {
+	c.nacks.Add(1)
+	c.metrics.nacks.WithLabelValues(typeLabel(typeURL)).Inc()
+	c.log.Warn("xds: client rejected a response", "stream", id, "delta", delta, "node", node,
+		"type", typeLabel(typeURL), "nonce", nonce, "version", rejected, "error", detail)
+}
+
+func (c *callbacks) pushed(typeURL string) {
+	c.pushes.Add(1)
+	c.metrics.pushes.WithLabelValues(typeLabel(typeURL)).Inc()
+}
+
+// OnStreamOpen counts a state-of-the-world stream.
+func (c *callbacks) OnStreamOpen(_ context.Context, id int64, _ string) error {
+	c.open(c.sotw, id)
+	return nil
+}
+
+// OnStreamClosed forgets a state-of-the-world stream.
+func (c *callbacks) OnStreamClosed(id int64, _ *corev3.Node) { c.close(c.sotw, id) }
+
+// OnDeltaStreamOpen counts a delta stream.
+func (c *callbacks) OnDeltaStreamOpen(_ context.Context, id int64, _ string) error {
+	c.open(c.delta, id)
+	return nil
+}
+
+// OnDeltaStreamClosed forgets a delta stream.
+func (c *callbacks) OnDeltaStreamClosed(id int64, _ *corev3.Node) { c.close(c.delta, id) }
+
+// OnStreamRequest counts and logs NACKs, and turns the NACK of the last response into a
+// request at the rejected version (see callbacks).
+func (c *callbacks) OnStreamRequest(id int64, req *discovery.DiscoveryRequest) error {
+	typeURL := req.GetTypeUrl()
+	st, last, ok := c.request(c.sotw, id, req.GetNode(), typeURL)
+	if c.classify(typeURL) == unservedKey && !ok && req.GetResponseNonce() == "" {
+		c.log.Info("xds: request for a type Narwhal does not serve, left unanswered", "stream", id, "node", st.node, "type", typeURL)
+	}
+	if req.GetErrorDetail() == nil {
+		return nil
+	}
+	rejected := ""
+	if ok && last.nonce == req.GetResponseNonce() {
+		rejected = last.version
+		req.VersionInfo = last.version
+	}
+	c.nack(id, st.node, typeURL, req.GetResponseNonce(), rejected, req.GetErrorDetail().GetMessage(), false)
+	return nil
+}
+
+// OnStreamResponse records the response about to be sent on a state-of-the-world stream.
+func (c *callbacks) OnStreamResponse(_ context.Context, id int64, _ *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
+	c.mu.Lock()
+	if st := c.sotw[id]; st != nil {
+		st.sent[resp.GetTypeUrl()] = sentResponse{nonce: resp.GetNonce(), version: resp.GetVersionInfo()}
+	}
+	c.mu.Unlock()
+	c.pushed(resp.GetTypeUrl())
+}
+
+// OnStreamDeltaRequest counts and logs NACKs on delta streams.
+func (c *callbacks) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryRequest) error {
+	st, _, _ := c.request(c.delta, id, req.GetNode(), req.GetTypeUrl())
+	if req.GetErrorDetail() != nil {
+		c.nack(id, st.node, req.GetTypeUrl(), req.GetResponseNonce(), "", req.GetErrorDetail().GetMessage(), true)
+	}
+	return nil
+}
+
+// OnStreamDeltaResponse counts a delta response.
+func (c *callbacks) OnStreamDeltaResponse(_ int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+	c.pushed(resp.GetTypeUrl())
+}
+
+// OnFetchRequest and OnFetchResponse belong to REST xDS, which Narwhal does not serve.
+func (c *callbacks) OnFetchRequest(context.Context, *discovery.DiscoveryRequest) error { return nil }
+
+// OnFetchResponse: see OnFetchRequest.
+func (c *callbacks) OnFetchResponse(*discovery.DiscoveryRequest, *discovery.DiscoveryResponse) {}
+
+// typeLabel is the short name of a type URL in metrics and logs.
+func typeLabel(typeURL string) string {
+	switch typeURL {
+	case resource.ClusterType:
+		return "cds"
+	case resource.EndpointType:
+		return "eds"
+	case resource.ListenerType:
+		return "lds"
+	case resource.RouteType:
+		return "rds"
+	}
+	return "other"
+}
+
+type xdsMetrics struct {
+	clients prometheus.Gauge
+	pushes  *prometheus.CounterVec
+	nacks   *prometheus.CounterVec
+	version prometheus.Gauge
+}
+
+func newXDSMetrics(reg prometheus.Registerer) *xdsMetrics {
+	m := &xdsMetrics{
+		clients: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "narwhal_xds_clients", Help: "ADS streams open (state of the world and delta).",
+		}),
+		pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "narwhal_xds_pushes_total", Help: "xDS responses sent, by type (cds, eds, ...).",
+		}, []string{"type"}),
+		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "narwhal_xds_nacks_total", Help: "xDS responses clients rejected, by type (cds, eds, ...).",
+		}, []string{"type"}),
+		version: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "narwhal_xds_version", Help: "The fleet version the published xDS resources reflect.",
+		}),
+	}
+	for _, t := range []string{"cds", "eds"} {
+		m.pushes.WithLabelValues(t)
+		m.nacks.WithLabelValues(t)
+	}
+	if reg != nil {
+		reg.MustRegister(m.clients, m.pushes, m.nacks, m.version)
+	}
+	return m
+}
