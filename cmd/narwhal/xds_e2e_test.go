@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// adsWatch opens a state-of-the-world ADS stream to a running narwhal serve, subscribes to
+// the three role clusters' endpoints, ACKs every response, and sends each assignment set it
+// receives (cluster name -> endpoint id -> health status name) on the returned channel.
+func adsWatch(t *testing.T, addr string) <-chan map[string]map[string]string {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); _ = conn.Close() })
+	stream, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"narwhal-prefill", "narwhal-decode", "narwhal-engines"}
+	req := &discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: names, Node: nil}
+	if err := stream.Send(req); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan map[string]map[string]string, 16)
+	go func() {
+		defer close(out)
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			got := map[string]map[string]string{}
+			for _, a := range resp.GetResources() {
+				var cla endpointv3.ClusterLoadAssignment
+				if err := a.UnmarshalTo(&cla); err != nil {
+					return
+				}
+				got[cla.GetClusterName()] = map[string]string{}
+				for _, le := range cla.GetEndpoints() {
+					for _, ep := range le.GetLbEndpoints() {
+						id := ep.GetMetadata().GetFilterMetadata()["narwhal"].GetFields()["engine_id"].GetStringValue()
+						got[cla.GetClusterName()][id] = ep.GetHealthStatus().String()
+					}
+				}
+			}
+			out <- got
+			ack := &discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: names,
+				VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}
+			if stream.Send(ack) != nil {
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// awaitEDS reads assignment sets until cond holds.
+func awaitEDS(t *testing.T, ch <-chan map[string]map[string]string, what string, cond func(map[string]map[string]string) bool) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case got, ok := <-ch:
+			if !ok {
+				t.Fatalf("%s: the ADS stream ended", what)
+			}
+			if cond(got) {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("%s: no such EDS push within 10 s", what)
+		}
+	}
+}
+
+// TestServeXDSEndToEnd: an ADS client of a real narwhal serve sees the fleet, then sees a health
+// failure and an operator drain arrive as new EDS versions.
+func TestServeXDSEndToEnd(t *testing.T) {
+	addrs := freeAddrs(t, 7)
+	admin, xdsAddr, engines := addrs[0], addrs[2], addrs[3:]
+	procs := make([]*proc, len(engines))
+	for i, a := range engines {
+		procs[i] = startEngine(t, a, map[bool]string{true: "prefill", false: "decode"}[i < 2])
+	}
+	start(t, "serve", "--config", writeConfig(t, e2eConfig(admin, addrs[1], xdsAddr, engines)))
+	waitFor(t, admin, 10*time.Second, "four active engines", allActive(4))
+	eds := adsWatch(t, xdsAddr)
+	awaitEDS(t, eds, "initial assignments", func(g map[string]map[string]string) bool {
+		return len(g["narwhal-prefill"]) == 2 && len(g["narwhal-decode"]) == 2 && len(g["narwhal-engines"]) == 4 &&
+			g["narwhal-decode"]["e3"] == "HEALTHY"
+	})
+	_ = procs[2].cmd.Process.Kill()
+	_ = procs[2].cmd.Wait()
+	awaitEDS(t, eds, "e3 unhealthy", func(g map[string]map[string]string) bool {
+		return g["narwhal-decode"]["e3"] == "UNHEALTHY" && g["narwhal-engines"]["e3"] == "UNHEALTHY"
+	})
+	resp, err := httpPost("http://" + admin + "/narwhal/engines/e4/drain")
+	if err != nil || resp != 200 {
+		t.Fatalf("drain: %d %v", resp, err)
+	}
+	awaitEDS(t, eds, "e4 draining", func(g map[string]map[string]string) bool {
+		return g["narwhal-decode"]["e4"] == "DRAINING" && g["narwhal-engines"]["e4"] == "DRAINING"
+	})
+}
