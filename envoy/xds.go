@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
@@ -18,6 +19,7 @@ import (
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/narwhal-llm/narwhal/fleet"
 )
@@ -123,6 +125,15 @@ func (s *Server) classify(typeURL string) string {
 		return typeURL
 	}
 	return unservedKey
+}
+
+// ServerOptions are the gRPC server options for the xDS listener (listen.xds): a ping to a
+// connection idle for 30 s, closed if unanswered within 10 s, so that a proxy that vanished
+// without closing its connection stops counting as a client (the default waits 2 h).
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	}
 }
 
 // Register adds the ADS service (state of the world and delta) to g.

@@ -14,7 +14,7 @@ import (
 )
 
 // callbacks hold the protocol bookkeeping of the streams: clients, pushes, NACKs, and, per
-// state-of-the-world stream and type, the last response sent, which is what stops NACK loops.
+// stream and type, the last response sent, which is what stops NACK loops.
 //
 // A state-of-the-world NACK carries the last version the client accepted ("" if none) and
 // the nonce of the response it rejects. Handed to the cache as is, that request looks like a
@@ -39,7 +39,7 @@ type callbacks struct {
 
 type streamState struct {
 	node string
-	sent map[string]sentResponse // by type URL (state of the world only)
+	sent map[string]sentResponse // the last response sent, by type URL
 }
 
 type sentResponse struct{ nonce, version string }
@@ -70,8 +70,8 @@ func (c *callbacks) close(streams map[int64]*streamState, id int64) {
 	}
 }
 
-// request records the node and reports whether the request is the first of its type on the
-// stream; with a NACK it also counts and logs it, and returns the last response sent.
+// request records the stream's node and returns its state with the last response sent for
+// typeURL (ok false when none was).
 func (c *callbacks) request(streams map[int64]*streamState, id int64, node *corev3.Node, typeURL string) (st *streamState, last sentResponse, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -149,15 +149,24 @@ func (c *callbacks) OnStreamResponse(_ context.Context, id int64, _ *discovery.D
 
 // OnStreamDeltaRequest counts and logs NACKs on delta streams.
 func (c *callbacks) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryRequest) error {
-	st, _, _ := c.request(c.delta, id, req.GetNode(), req.GetTypeUrl())
+	st, last, ok := c.request(c.delta, id, req.GetNode(), req.GetTypeUrl())
 	if req.GetErrorDetail() != nil {
-		c.nack(id, st.node, req.GetTypeUrl(), req.GetResponseNonce(), "", req.GetErrorDetail().GetMessage(), true)
+		rejected := ""
+		if ok && last.nonce == req.GetResponseNonce() {
+			rejected = last.version
+		}
+		c.nack(id, st.node, req.GetTypeUrl(), req.GetResponseNonce(), rejected, req.GetErrorDetail().GetMessage(), true)
 	}
 	return nil
 }
 
-// OnStreamDeltaResponse counts a delta response.
-func (c *callbacks) OnStreamDeltaResponse(_ int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+// OnStreamDeltaResponse records and counts a delta response.
+func (c *callbacks) OnStreamDeltaResponse(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+	c.mu.Lock()
+	if st := c.delta[id]; st != nil {
+		st.sent[resp.GetTypeUrl()] = sentResponse{nonce: resp.GetNonce(), version: resp.GetSystemVersionInfo()}
+	}
+	c.mu.Unlock()
 	c.pushed(resp.GetTypeUrl())
 }
 

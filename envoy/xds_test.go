@@ -71,7 +71,7 @@ func startServer(t testing.TB, f *fleet.Fleet, setup ...func(*Server)) *testServ
 		t.Fatal(err)
 	}
 	ts.addr = lis.Addr().String()
-	g := grpc.NewServer()
+	g := grpc.NewServer(ServerOptions()...)
 	ts.Register(g)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -101,7 +101,7 @@ type sotwClient struct {
 
 func dialConn(t testing.TB, addr string) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithInitialWindowSize(1<<24), grpc.WithInitialConnWindowSize(1<<24))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -815,5 +815,48 @@ func TestUnservedType(t *testing.T) {
 	}
 	if !strings.Contains(ts.logs.String(), "does not serve") {
 		t.Fatalf("logs:\n%s", ts.logs.String())
+	}
+}
+
+// TestRunEndsStreams: when Run returns, the open ADS streams end, so that GracefulStop of the
+// gRPC server returns at once instead of waiting for every proxy to hang up.
+func TestRunEndsStreams(t *testing.T) {
+	f := testFleet(t)
+	s := NewServer("narwhal", f, nil, nil)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(ServerOptions()...)
+	s.Register(g)
+	served := make(chan struct{})
+	go func() { _ = g.Serve(lis); close(served) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- s.Run(ctx) }()
+
+	c := dialSotw(t, lis.Addr().String(), "envoy-1")
+	c.subscribe(resource.ClusterType)
+	c.next()
+	cancel()
+	if err := <-ran; err != context.Canceled {
+		t.Fatalf("Run returned %v", err)
+	}
+	select {
+	case <-c.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the ADS stream is still open after Run returned")
+	}
+	stopped := make(chan struct{})
+	go func() { g.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		g.Stop()
+		t.Fatal("GracefulStop waited for the ADS streams")
+	}
+	<-served
+	if st := s.Stats(); st.Clients != 0 {
+		t.Fatalf("stats %+v", st)
 	}
 }

@@ -61,7 +61,9 @@ type Resources struct {
 // resolved yet: Envoy and grpc-go reject a whole assignment for one such endpoint), or another
 // engine earlier in the fleet has the same address (grpc-go rejects duplicates).
 type Skipped struct {
-	Engine, Addr, Reason string
+	Engine string `json:"engine"`
+	Addr   string `json:"address"`
+	Reason string `json:"reason"`
 }
 
 // Translate builds the clusters and assignments of one fleet snapshot. The same snapshot gives

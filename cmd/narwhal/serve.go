@@ -82,7 +82,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	live := router.NewLive(router.New(cfg, f.Snapshot(), start), time.Now, nil)
 	admin.RegisterRouter(reg, live)
 	xds := envoy.NewServer(cfg.XDS.ClusterPrefix, f, log, reg)
-	xdsSrv := grpc.NewServer()
+	xdsSrv := grpc.NewServer(envoy.ServerOptions()...)
 	xds.Register(xdsSrv)
 	adm := admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log,
 		Router: live, Sizing: sizer.Errors, XDS: xds})
