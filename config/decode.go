@@ -237,15 +237,16 @@ func suggest(key string, known []string) string {
 		if strings.EqualFold(k, key) {
 			return k
 		}
-		if dist := editDistance(key, k); dist < bestDist && dist < len(k) {
+		if dist := EditDistance(key, k); dist < bestDist && dist < len(k) {
 			best, bestDist = k, dist
 		}
 	}
 	return best
 }
 
-// editDistance is the Levenshtein distance between a and b, in bytes.
-func editDistance(a, b string) int {
+// EditDistance is the Levenshtein distance between a and b, in bytes (for did-you-mean
+// suggestions here and in Envoy config validation).
+func EditDistance(a, b string) int {
 	prev := make([]int, len(b)+1)
 	cur := make([]int, len(b)+1)
 	for j := range prev {
