@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/narwhal-llm/narwhal/config"
@@ -21,6 +22,9 @@ func sizingBPE() config.Sizing {
 
 // bpeSizer is built once: loading a vocabulary takes a moment.
 var bpeSizer = sync.OnceValues(func() (*Sizer, error) { return NewSizer(sizingBPE()) })
+
+// observedModels names the models tests observe on the shared Sizer, one per run.
+var observedModels atomic.Int64
 
 func TestNewSizer(t *testing.T) {
 	if _, err := NewSizer(config.Sizing{Method: "words"}); !errors.Is(err, ErrSizingMethod) {
@@ -72,14 +76,22 @@ func TestSizerBPECounts(t *testing.T) {
 			}
 		})
 	}
-	// Observations do not change a BPE count, but they are tracked.
-	r, _ := ParseRequest([]byte(`{"model":"m","prompt":"hello world"}`), false, opts)
+	// Observations do not change a BPE count, but they are tracked. The Sizer is shared by the
+	// tests (and by -count runs): observe a model of this run alone.
+	model := fmt.Sprintf("obs-%d", observedModels.Add(1))
+	body := []byte(`{"model":"` + model + `","prompt":"hello world"}`)
+	r, _ := ParseRequest(body, false, opts)
 	s.ObserveRequest(&r, 3)
-	e := s.Errors()
+	var e []SizingError
+	for _, x := range s.Errors() {
+		if x.Model == model {
+			e = append(e, x)
+		}
+	}
 	if len(e) != 1 || e[0].Samples != 1 || e[0].BytesPerToken != 0 || math.Abs(e[0].Bias-(-1.0/3)) > 1e-9 {
 		t.Fatalf("errors %+v", e)
 	}
-	if r2, _ := ParseRequest([]byte(`{"model":"m","prompt":"hello world"}`), false, opts); r2.PromptTokens != 2 {
+	if r2, _ := ParseRequest(body, false, opts); r2.PromptTokens != 2 {
 		t.Fatalf("tokens %d after an observation", r2.PromptTokens)
 	}
 }
