@@ -407,6 +407,14 @@ func TestRunScript(t *testing.T) {
 	if st, _ := getState("127.0.0.1:9090"); st.Split.Prefill != 2 || st.Split.Decode != 2 {
 		t.Fatalf("after probes: %+v", st)
 	}
+	// The ext_proc and xDS listeners of the embedded default answer.
+	for _, a := range []string{"127.0.0.1:9002", "127.0.0.1:18000"} {
+		c, err := net.DialTimeout("tcp", a, 2*time.Second)
+		if err != nil {
+			t.Fatalf("make run: %s does not answer: %v", a, err)
+		}
+		_ = c.Close()
+	}
 	_ = cmd.Process.Signal(syscall.SIGINT)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -416,7 +424,7 @@ func TestRunScript(t *testing.T) {
 		t.Fatal("run-local.sh did not stop on SIGINT")
 	}
 	// Every process is gone: the ports are free again.
-	for _, a := range []string{"127.0.0.1:9090", "127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003", "127.0.0.1:8004"} {
+	for _, a := range []string{"127.0.0.1:9090", "127.0.0.1:9002", "127.0.0.1:18000", "127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003", "127.0.0.1:8004"} {
 		ln, err := net.Listen("tcp", a)
 		if err != nil {
 			t.Fatalf("%s still in use after the script stopped: %v", a, err)
