@@ -19,6 +19,7 @@ type Live struct {
 	r       *Router
 	waiters map[Handle]chan Outcome
 	trigger func(Trigger)
+	armed   time.Time // when Run's timer fires next (under mu)
 
 	kick chan struct{}
 	pool sync.Pool
@@ -41,15 +42,17 @@ func (l *Live) Run(ctx context.Context) error {
 	defer timer.Stop()
 	for {
 		l.mu.Lock()
-		l.r.Tick(l.now())
+		now := l.now()
+		l.r.Tick(now)
 		tr, fire := l.flush()
 		next, ok := l.r.NextDeadline()
-		l.mu.Unlock()
-		l.fire(tr, fire)
 		wait := time.Hour
 		if ok {
-			wait = max(time.Until(next), time.Millisecond)
+			wait = max(next.Sub(now), time.Millisecond)
 		}
+		l.armed = now.Add(wait)
+		l.mu.Unlock()
+		l.fire(tr, fire)
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
@@ -66,13 +69,18 @@ func (l *Live) Run(ctx context.Context) error {
 	}
 }
 
-// flush delivers the router's outbox to the waiting offers; call with the lock held.
+// flush delivers the router's outbox to the waiting offers, and wakes Run when the router now
+// has a deadline before Run's timer; call with the lock held.
 func (l *Live) flush() (Trigger, bool) {
 	for _, o := range l.r.Ready() {
 		if ch, ok := l.waiters[o.Handle]; ok {
 			delete(l.waiters, o.Handle)
 			ch <- o
 		}
+	}
+	if next, ok := l.r.NextDeadline(); ok && next.Before(l.armed) {
+		l.armed = next
+		l.wake()
 	}
 	return l.r.TakeTrigger()
 }
@@ -108,7 +116,6 @@ func (l *Live) Offer(ctx context.Context, o Offer) (Outcome, error) {
 	if ch == nil {
 		return out, nil
 	}
-	l.wake()
 	select {
 	case res := <-ch:
 		l.pool.Put(ch)
@@ -169,7 +176,6 @@ func (l *Live) Cancel(h Handle) error {
 // SetFleet applies a fleet snapshot.
 func (l *Live) SetFleet(snap fleet.Snapshot) {
 	_ = l.step(func(now time.Time) error { l.r.SetFleet(now, snap); return nil })
-	l.wake()
 }
 
 // Follow applies the fleet's changes until ctx is done.

@@ -129,3 +129,24 @@ func TestLiveWaitTimeout(t *testing.T) {
 		t.Fatalf("%+v", s.Counters)
 	}
 }
+
+// TestLiveFirstTokenTimeout: a request placed at once on an idle fleet (nothing else happens)
+// is counted as a first-token timeout by the timer loop once router.first_token_timeout_s passes.
+func TestLiveFirstTokenTimeout(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	l, _, stop := liveFixture(t, func(c *config.Config) { c.Router.FirstTokenTimeoutS = 0.05 })
+	defer stop()
+	time.Sleep(20 * time.Millisecond) // Run has armed its idle timer
+	out, err := l.Offer(context.Background(), Offer{ID: "slow", PromptTokens: 100, MaxTokens: 10})
+	if err != nil || out.Status != Dispatched {
+		t.Fatalf("%+v %v", out, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for l.Snapshot().Counters.FirstTokenTimeouts != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("not counted: %+v", l.Snapshot().Counters)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	_ = l.Complete(out.Handle, 0)
+}
