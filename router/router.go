@@ -739,22 +739,25 @@ func (r *Router) Tick(now time.Time) {
 }
 
 // NextDeadline is the earliest time at which Tick has work: the oldest waiting request's wait
-// limit or the oldest prefilling request's first-token limit.
+// limit or the oldest prefilling request's first-token limit. It drops requests that already
+// left those phases from the heads of its queues on the way.
 func (r *Router) NextDeadline() (time.Time, bool) {
 	next := math.Inf(1)
-	if h, ok := r.waiting.peek(); ok {
+	for r.waiting.len() > 0 {
+		h, _ := r.waiting.peek()
 		if e, _, err := r.lookup(h); err == nil && e.phase == phaseWaiting {
 			next = e.arrival + r.cfg.WaitingSet.MaxWaitS
-		} else {
-			next = r.now // stale head: tidy up now
+			break
 		}
+		r.waiting.pop()
 	}
-	if h, ok := r.inFlight.peek(); ok {
+	for r.inFlight.len() > 0 {
+		h, _ := r.inFlight.peek()
 		if e, _, err := r.lookup(h); err == nil && e.phase == phasePrefilling {
 			next = min(next, e.dispatchAt+r.cfg.FirstTokenTimeoutS)
-		} else {
-			next = r.now
+			break
 		}
+		r.inFlight.pop()
 	}
 	if math.IsInf(next, 1) {
 		return time.Time{}, false
