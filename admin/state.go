@@ -74,14 +74,16 @@ func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 func fleetState(st *State, snap *fleet.Snapshot, loads []router.EngineLoad) {
 	st.FleetVersion = snap.Version
 	st.Split.Prefill, st.Split.Decode = snap.Split()
+	byID := make(map[string]*router.EngineLoad, len(loads))
+	for i := range loads {
+		byID[loads[i].ID] = &loads[i]
+	}
 	st.Engines = make([]EngineState, 0, len(snap.Engines))
 	for _, e := range snap.Engines {
 		es := engineState(&e)
-		for _, l := range loads {
-			if l.ID == e.ID {
-				es.PrefillResidents, es.DecodeResidents = l.PrefillResidents, l.DecodeResidents
-				es.BusyUntilS, es.Correction = l.BusyUntilS, l.Correction
-			}
+		if l := byID[e.ID]; l != nil {
+			es.PrefillResidents, es.DecodeResidents = l.PrefillResidents, l.DecodeResidents
+			es.BusyUntilS, es.Correction = l.BusyUntilS, l.Correction
 		}
 		st.Engines = append(st.Engines, es)
 	}

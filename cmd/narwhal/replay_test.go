@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/narwhal-llm/narwhal/admin"
 	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/router"
 	"github.com/narwhal-llm/narwhal/sim"
 )
 
@@ -30,15 +32,15 @@ func TestTraceReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	addrs := freeAddrs(t, 7)
-	admin, extprocAddr, engines := addrs[0], addrs[1], addrs[3:]
+	adminAddr, extprocAddr, engines := addrs[0], addrs[1], addrs[3:]
 	prefill := map[string]bool{engines[0]: true, engines[1]: true}
 	for i, a := range engines {
 		role := map[bool]string{true: "prefill", false: "decode"}[i < 2]
 		startEngine(t, a, role)
 	}
-	cfg := e2eConfig(admin, extprocAddr, addrs[2], engines)
+	cfg := e2eConfig(adminAddr, extprocAddr, addrs[2], engines)
 	start(t, "serve", "--config", writeConfig(t, cfg))
-	waitFor(t, admin, 10*time.Second, "serve up", func(s stateView) bool { return len(s.Engines) == 4 })
+	waitFor(t, adminAddr, 10*time.Second, "serve up", func(s stateView) bool { return len(s.Engines) == 4 })
 
 	mode := envoytest.Mode{
 		RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, AllowModeOverride: true,
@@ -108,51 +110,29 @@ func TestTraceReplay(t *testing.T) {
 		}
 	}
 
-	var st struct {
-		Counters struct {
-			Offers, Invalid, Admitted, Completed, Failed uint64
-			Overflow                                     struct{ WaitingSetFull, PredictedSLOMiss, FallbackBusy, NoCapacity, WaitTimeout uint64 }
-			Dispatched                                   struct{ Disaggregated, Aggregate uint64 }
-			Cancelled                                    struct{ Waiting, InFlight uint64 }
-		}
-		Retained struct{ Waiting, Prefilling, Decoding, AwaitingOutputTokens, WaitingTokens int }
-	}
-	resp, err := http.Get("http://" + admin + "/narwhal/state")
+	resp, err := http.Get("http://" + adminAddr + "/narwhal/state")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	// The JSON uses snake_case; decode through a generic map to keep the struct short.
-	var raw map[string]any
-	if err := json.NewDecoder(resp.Body).Decode(&raw); err != nil {
+	var st admin.State
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		t.Fatal(err)
 	}
 	// Local sizing was checked against the engines' usage.prompt_tokens for the model.
-	sizing, _ := raw["sizing"].([]any)
-	if len(sizing) != 1 || sizing[0].(map[string]any)["model"] != "m" || sizing[0].(map[string]any)["samples"].(float64) < 1000 {
-		t.Fatalf("sizing in /narwhal/state: %v", raw["sizing"])
+	if len(st.Sizing) != 1 || st.Sizing[0].Model != "m" || st.Sizing[0].Samples < 1000 {
+		t.Fatalf("sizing in /narwhal/state: %+v", st.Sizing)
 	}
-	t.Logf("sizing: %v", sizing[0])
-	b, _ := json.Marshal(raw)
-	b = []byte(strings.NewReplacer("waiting_set_full", "WaitingSetFull", "predicted_slo_miss", "PredictedSLOMiss",
-		"fallback_busy", "FallbackBusy", "no_capacity", "NoCapacity", "wait_timeout", "WaitTimeout",
-		"in_flight", "InFlight", "awaiting_output_tokens", "AwaitingOutputTokens", "waiting_tokens", "WaitingTokens").Replace(string(b)))
-	if err := json.Unmarshal(b, &st); err != nil {
-		t.Fatal(err)
-	}
-	c, o, r := st.Counters, st.Counters.Overflow, st.Retained
-	dispatched := c.Dispatched.Disaggregated + c.Dispatched.Aggregate
+	t.Logf("sizing: %+v", st.Sizing[0])
+	c, r := st.Counters, st.Retained
 	t.Logf("%d requests in %v (%.1f/s offered): %v; counters %+v", len(reqs), elapsed.Round(time.Millisecond), float64(len(reqs))/elapsed.Seconds(), byStatus, c)
+	snap := router.Snapshot{Counters: c, Retained: r}
 	switch {
 	case c.Offers != uint64(len(reqs)):
 		t.Fatalf("offers %d, sent %d", c.Offers, len(reqs))
-	case c.Offers != c.Invalid+c.Admitted+o.WaitingSetFull+o.PredictedSLOMiss+o.FallbackBusy+o.NoCapacity:
-		t.Fatal("offers are not conserved")
-	case c.Admitted != uint64(r.Waiting)+dispatched+o.WaitTimeout+c.Cancelled.Waiting:
-		t.Fatal("admitted is not conserved")
-	case dispatched != uint64(r.Prefilling+r.Decoding)+c.Completed+c.Failed+c.Cancelled.InFlight:
-		t.Fatal("dispatched is not conserved")
-	case r != struct{ Waiting, Prefilling, Decoding, AwaitingOutputTokens, WaitingTokens int }{}:
+	case snap.Conserved() != "":
+		t.Fatalf("not conserved: %s", snap.Conserved())
+	case r.Waiting+r.Prefilling+r.Decoding != 0 || r.WaitingTokens+r.AwaitingOutputTokens != 0:
 		t.Fatalf("gauges not back to zero: %+v", r)
 	case c.Completed != uint64(byStatus["200"]) || uint64(placed) != c.Completed || c.Dispatched.Aggregate != 0:
 		t.Fatalf("completed %d, 200s %d, placed %d", c.Completed, byStatus["200"], placed)
