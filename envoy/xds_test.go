@@ -158,24 +158,33 @@ func (c *sotwClient) ack(r *discovery.DiscoveryResponse, names ...string) {
 	c.send(&discovery.DiscoveryRequest{TypeUrl: r.GetTypeUrl(), VersionInfo: r.GetVersionInfo(), ResponseNonce: r.GetNonce(), ResourceNames: names})
 }
 
-func (c *sotwClient) next() *discovery.DiscoveryResponse {
-	c.t.Helper()
-	select {
-	case r := <-c.resps:
-		return r
-	case <-time.After(5 * time.Second):
-		c.t.Fatal("no response within 5s")
-		return nil
-	}
-}
+func (c *sotwClient) next() *discovery.DiscoveryResponse { c.t.Helper(); return nextOf(c.t, c.resps) }
 
 // quiet returns the responses that arrive within d.
 func (c *sotwClient) quiet(d time.Duration) []*discovery.DiscoveryResponse {
-	var out []*discovery.DiscoveryResponse
+	return quietOf(c.resps, d)
+}
+
+// nextOf waits up to 5 s for one response.
+func nextOf[R any](t testing.TB, ch <-chan R) R {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(5 * time.Second):
+		t.Fatal("no response within 5s")
+		var zero R
+		return zero
+	}
+}
+
+// quietOf returns the responses that arrive within d.
+func quietOf[R any](ch <-chan R, d time.Duration) []R {
+	var out []R
 	timeout := time.After(d)
 	for {
 		select {
-		case r := <-c.resps:
+		case r := <-ch:
 			out = append(out, r)
 		case <-timeout:
 			return out
@@ -422,26 +431,11 @@ func (c *deltaClient) send(req *discovery.DeltaDiscoveryRequest) {
 
 func (c *deltaClient) next() *discovery.DeltaDiscoveryResponse {
 	c.t.Helper()
-	select {
-	case r := <-c.resps:
-		return r
-	case <-time.After(5 * time.Second):
-		c.t.Fatal("no response within 5s")
-		return nil
-	}
+	return nextOf(c.t, c.resps)
 }
 
 func (c *deltaClient) quiet(d time.Duration) []*discovery.DeltaDiscoveryResponse {
-	var out []*discovery.DeltaDiscoveryResponse
-	timeout := time.After(d)
-	for {
-		select {
-		case r := <-c.resps:
-			out = append(out, r)
-		case <-timeout:
-			return out
-		}
-	}
+	return quietOf(c.resps, d)
 }
 
 func deltaResources(t testing.TB, r *discovery.DeltaDiscoveryResponse) []*anypb.Any {
