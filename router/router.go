@@ -208,15 +208,15 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 	need := int64(o.PromptTokens + out)
 	var (
 		pl      plan
-		now0    bool // placed at once
+		atOnce  bool // placed at once
 		tail    = -1
 		tailDur float64
 		ttft    float64
 	)
 	if r.nWaiting == 0 {
-		pl, now0 = r.plan(t, o.PromptTokens, need, o.Prefix)
+		pl, atOnce = r.plan(t, o.PromptTokens, need, o.Prefix)
 	}
-	if now0 {
+	if atOnce {
 		ttft = pl.first - t
 	} else {
 		var done float64
@@ -246,7 +246,7 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 		r.urgent = true
 		r.trigger = Trigger{Request: o.ID, Handle: h, ProjectedTTFT: ttft, AtS: t}
 	}
-	if now0 {
+	if atOnce {
 		return Outcome{Handle: h, Status: Dispatched, Placement: r.commit(t, slot, pl)}
 	}
 	r.enqueue(slot, h, tail, tailDur)
