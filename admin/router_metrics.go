@@ -14,6 +14,7 @@ type routerCollector struct {
 	offers, invalid, admitted, overflow, dispatched, completed, failed, cancelled, ftTimeouts *prometheus.Desc
 	waiting, waitingTokens, prefilling, decoding, awaiting, demand                            *prometheus.Desc
 	prefillResidents, decodeResidents, correction                                             *prometheus.Desc
+	contextExceeded, ejections, upstreamFailures, ejected                                     *prometheus.Desc
 }
 
 // RegisterRouter exports the router's counters, retained demand, demand estimates and engine
@@ -42,13 +43,18 @@ func RegisterRouter(reg prometheus.Registerer, src interface{ Snapshot() router.
 		prefillResidents: d("engine_prefill_residents", "Prefill residents per engine.", "engine"),
 		decodeResidents:  d("engine_decode_residents", "Decode residents per engine.", "engine"),
 		correction:       d("engine_profile_correction", "Online profile correction factor per engine and phase.", "engine", "phase"),
+		contextExceeded:  d("context_length_exceeded_total", "Offers answered 400 context_length_exceeded: no engine of the fleet could hold them (also in invalid)."),
+		ejections:        d("passive_ejections_total", "Engines taken out of placement by passive health checking (health.passive)."),
+		upstreamFailures: d("engine_upstream_failures", "Upstream failures in a row on the data path per engine (passive health).", "engine"),
+		ejected:          d("engine_ejected", "1 while passive health checking holds the engine out of placement.", "engine"),
 	})
 }
 
 func (c *routerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.offers, c.invalid, c.admitted, c.overflow, c.dispatched, c.completed,
 		c.failed, c.cancelled, c.ftTimeouts, c.waiting, c.waitingTokens, c.prefilling, c.decoding, c.awaiting,
-		c.demand, c.prefillResidents, c.decodeResidents, c.correction} {
+		c.demand, c.prefillResidents, c.decodeResidents, c.correction, c.contextExceeded, c.ejections,
+		c.upstreamFailures, c.ejected} {
 		ch <- d
 	}
 }
@@ -70,6 +76,9 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.overflow, n.Overflow.FallbackBusy, "fallback_busy")
 	counter(c.overflow, n.Overflow.NoCapacity, "no_capacity")
 	counter(c.overflow, n.Overflow.WaitTimeout, "wait_timeout")
+	counter(c.overflow, n.Overflow.ShuttingDown, "shutting_down")
+	counter(c.contextExceeded, n.ContextLengthExceeded)
+	counter(c.ejections, n.Ejections)
 	counter(c.dispatched, n.Dispatched.Disaggregated, "disaggregated")
 	counter(c.dispatched, n.Dispatched.Aggregate, "aggregate")
 	counter(c.completed, n.Completed)
@@ -95,5 +104,11 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(c.decodeResidents, float64(e.DecodeResidents), e.ID)
 		gauge(c.correction, e.Correction.Prefill, e.ID, "prefill")
 		gauge(c.correction, e.Correction.Decode, e.ID, "decode")
+		gauge(c.upstreamFailures, float64(e.Passive.ConsecutiveFailures), e.ID)
+		ejected := 0.0
+		if e.Passive.Ejected {
+			ejected = 1
+		}
+		gauge(c.ejected, ejected, e.ID)
 	}
 }

@@ -59,6 +59,7 @@ type EngineState struct {
 	DecodeResidents  int               `json:"decode_residents"`
 	BusyUntilS       float64           `json:"busy_until_s"`
 	Correction       router.Correction `json:"correction"`
+	Passive          router.Passive    `json:"passive"` // passive health: upstream failures in a row, ejected
 }
 
 // EvidenceWindow is the arrival-evidence window (role-control.md section 7).
@@ -83,7 +84,7 @@ func fleetState(st *State, snap *fleet.Snapshot, loads []router.EngineLoad) {
 		es := engineState(&e)
 		if l := byID[e.ID]; l != nil {
 			es.PrefillResidents, es.DecodeResidents = l.PrefillResidents, l.DecodeResidents
-			es.BusyUntilS, es.Correction = l.BusyUntilS, l.Correction
+			es.BusyUntilS, es.Correction, es.Passive = l.BusyUntilS, l.Correction, l.Passive
 		}
 		st.Engines = append(st.Engines, es)
 	}

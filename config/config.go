@@ -169,6 +169,16 @@ type Health struct {
 	UnhealthyAfter int     `yaml:"unhealthy_after" json:"unhealthy_after"`
 	HealthyAfter   int     `yaml:"healthy_after" json:"healthy_after"`
 	RecoverS       float64 `yaml:"recover_s" json:"recover_s"`
+	Passive        Passive `yaml:"passive" json:"passive"`
+}
+
+// Passive configures passive health checking: failures seen on the data path, as Envoy's
+// outlier detection counts them.
+type Passive struct {
+	// ConsecutiveFailures upstream failures in a row (a 5xx, or a reset Envoy answers with
+	// one) take an engine out of placement at once and mark it failed; the probes readmit
+	// it. 0 turns passive checking off.
+	ConsecutiveFailures int `yaml:"consecutive_failures" json:"consecutive_failures"`
 }
 
 // XDS configures the resources Narwhal publishes to Envoy.

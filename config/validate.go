@@ -360,6 +360,7 @@ func (k *checker) health(h Health) {
 	k.geInt("health.unhealthy_after", int64(h.UnhealthyAfter), 1)
 	k.geInt("health.healthy_after", int64(h.HealthyAfter), 1)
 	k.ge("health.recover_s", h.RecoverS, 0)
+	k.geInt("health.passive.consecutive_failures", int64(h.Passive.ConsecutiveFailures), 0)
 }
 
 func (k *checker) xds(x XDS) {

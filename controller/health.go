@@ -16,7 +16,9 @@ import (
 //     health.healthy_after consecutive successful probes (counted from the undrain);
 //   - a recovering engine whose probe succeeds health.recover_s or more after it began
 //     recovering is readmitted (active); one failed probe while recovering fails it again;
-//   - an engine an operator holds drained keeps draining whatever its probes say.
+//   - an engine an operator holds drained keeps draining whatever its probes say;
+//   - streaks count from the engine's last lifecycle change, whoever made it: an engine that
+//     passive health checking marked failed needs health.healthy_after good probes from then.
 //
 // It keeps only the consecutive-result streaks. It is not safe for concurrent use.
 type Health struct {
@@ -25,7 +27,10 @@ type Health struct {
 	streaks map[string]*streak
 }
 
-type streak struct{ ok, failed int }
+type streak struct {
+	ok, failed int
+	since      time.Time // the lifecycle change the streak counts from
+}
 
 // NewHealth returns the health core for a fleet.
 func NewHealth(cfg config.Health, f *fleet.Fleet) *Health {
@@ -45,6 +50,9 @@ func (h *Health) Observe(now time.Time, id string, ok bool) (to fleet.Lifecycle,
 		s = &streak{}
 		h.streaks[id] = s
 	}
+	if !s.since.Equal(e.LifecycleSince) {
+		*s = streak{since: e.LifecycleSince}
+	}
 	if ok {
 		s.ok, s.failed = s.ok+1, 0
 	} else {
@@ -58,9 +66,11 @@ func (h *Health) Observe(now time.Time, id string, ok bool) (to fleet.Lifecycle,
 	if to == 0 {
 		return 0, nil
 	}
-	if _, err := h.fleet.SetLifecycle(id, to, now, "health"); err != nil {
+	ne, err := h.fleet.SetLifecycle(id, to, now, "health")
+	if err != nil {
 		return 0, err
 	}
+	s.since = ne.LifecycleSince // its own change: the streak goes on
 	return to, nil
 }
 

@@ -326,3 +326,36 @@ func TestHTTPProber(t *testing.T) {
 		t.Fatal("an address without a port was probed")
 	}
 }
+
+// An engine that passive health checking marked failed between probes is readmitted only
+// after health.healthy_after good probes counted from that change, not from the good probes
+// it had before (issue 7).
+func TestHealthCountsFromPassiveFailure(t *testing.T) {
+	c, f := testFleet(t)
+	h := NewHealth(c.Health, f)
+	now := t0
+	for i := 0; i < 5; i++ { // a long run of good probes
+		now = now.Add(time.Second)
+		if to, err := h.Observe(now, "e3", true); err != nil || to != 0 {
+			t.Fatalf("probe %d: %v %v", i, to, err)
+		}
+	}
+	now = now.Add(100 * time.Millisecond)
+	if _, err := f.SetLifecycle("e3", fleet.Failed, now, "passive"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= c.Health.HealthyAfter; i++ {
+		now = now.Add(time.Second)
+		to, err := h.Observe(now, "e3", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fleet.Lifecycle(0); i == c.Health.HealthyAfter {
+			if to != fleet.Recovering {
+				t.Fatalf("probe %d after the passive failure: %v, want recovering", i, to)
+			}
+		} else if to != want {
+			t.Fatalf("probe %d after the passive failure moved it to %v; it must count %d good probes from the failure", i, to, c.Health.HealthyAfter)
+		}
+	}
+}

@@ -16,6 +16,8 @@ type Metrics struct {
 	wait       prometheus.Histogram
 	ttft       *prometheus.HistogramVec
 	tpot       prometheus.Histogram
+	protocol   prometheus.Counter
+	refused    prometheus.Counter
 }
 
 // NewMetrics registers the data path metrics with reg.
@@ -39,11 +41,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.002, .005, .01, .02, .03, .05, .075, .1, .2, .5},
 		}),
 	}
+	m.protocol = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "narwhal_extproc_protocol_errors_total",
+		Help: "ext_proc streams ended with InvalidArgument: a message that does not fit the stream (a second request, out of order).",
+	})
+	m.refused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "narwhal_extproc_streams_refused_total",
+		Help: "ext_proc streams answered 503 overloaded because the concurrent stream limit was reached.",
+	})
 	m.phases = map[string]prometheus.Observer{}
 	for _, p := range []string{"request_headers", "request_body", "request_trailers", "response_headers", "response_body", "response_trailers"} {
 		m.phases[p] = m.processing.WithLabelValues(p)
 	}
-	reg.MustRegister(m.processing, m.wait, m.ttft, m.tpot)
+	reg.MustRegister(m.processing, m.wait, m.ttft, m.tpot, m.protocol, m.refused)
 	return m
 }
 
@@ -69,5 +79,17 @@ func (m *Metrics) observeTTFT(projected, observed float64) {
 func (m *Metrics) observeTPOT(s float64) {
 	if m != nil {
 		m.tpot.Observe(s)
+	}
+}
+
+func (m *Metrics) protocolError() {
+	if m != nil {
+		m.protocol.Inc()
+	}
+}
+
+func (m *Metrics) streamRefused() {
+	if m != nil {
+		m.refused.Inc()
 	}
 }

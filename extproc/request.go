@@ -14,6 +14,10 @@ import (
 // MaxPrefixBlocks is the number of prompt-prefix block hashes a Request carries at most.
 const MaxPrefixBlocks = 32
 
+// MaxModelBytes is the longest model name accepted (decoded bytes): names are client-chosen
+// keys of the sizing table and of /narwhal/state, so they are bounded.
+const MaxModelBytes = 256
+
 // MessageOverheadTokens is the chat-template cost of one message (role markers, separators),
 // added to its content's size.
 const MessageOverheadTokens = 4
@@ -120,6 +124,14 @@ func ParseRequest(body []byte, chat bool, opts ParseOptions) (Request, *RequestE
 		return Request{}, invalid(`missing "messages"`)
 	case !p.hasPrompt:
 		return Request{}, invalid(`missing "prompt"`)
+	}
+	if n := p.modelEnd - p.modelStart; n > MaxModelBytes {
+		if p.modelEsc {
+			n = len(appendUnescaped(nil, p.b[p.modelStart:p.modelEnd]))
+		}
+		if n > MaxModelBytes {
+			return Request{}, invalid(fmt.Sprintf(`"model" is %d bytes long; the limit is %d`, n, MaxModelBytes))
+		}
 	}
 	p.finish()
 	return p.req, nil
@@ -234,7 +246,7 @@ func (p *parser) finish() {
 		e = s.stats(r.Model)
 	} else {
 		e = s.lookup(name)
-		if e != nil && !e.shared {
+		if e != nil {
 			r.Model = e.name
 		} else {
 			r.Model = string(name)

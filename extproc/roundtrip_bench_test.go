@@ -42,7 +42,7 @@ func startNarwhal(b *testing.B) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	live := router.NewLive(router.New(cfg, f.Snapshot(), time.Now()), time.Now, nil)
+	live := router.NewLive(router.New(cfg, f.Snapshot(), time.Now()), time.Now, router.Hooks{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = live.Run(ctx); close(done) }()
@@ -52,7 +52,7 @@ func startNarwhal(b *testing.B) string {
 		b.Fatal(err)
 	}
 	srv := extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: live, Sizer: sizer})
-	return envoytest.StartServer(b, srv, extproc.GRPCServerOptions(cfg.Router)...)
+	return envoytest.StartServer(b, srv, extproc.GRPCServerOptions(cfg)...)
 }
 
 // BenchmarkRoundTrip measures one ext_proc exchange as Envoy drives it (request headers, then

@@ -40,7 +40,7 @@ type Placer interface {
 	Invalid()
 	FirstToken(h router.Handle) error
 	Complete(h router.Handle, outputTokens int) error
-	Fail(h router.Handle) error
+	Fail(h router.Handle, why router.Failure) error
 	Cancel(h router.Handle) error
 }
 
@@ -59,6 +59,13 @@ type Server struct {
 	log     *slog.Logger
 	ids     atomic.Uint64
 	shared  shared
+	limit   int64        // concurrent streams served; more are answered 503 overloaded
+	active  atomic.Int64 // streams being served
+
+	// unanswered counts the streams whose request has no routing answer yet (placement,
+	// rejection, or pass-through); answered is signalled when it drops.
+	unanswered atomic.Int64
+	answered   chan struct{}
 }
 
 // Options configure a Server.
@@ -69,6 +76,9 @@ type Options struct {
 	Metrics *Metrics // nil: no metrics
 	Now     func() time.Time
 	Logger  *slog.Logger
+	// StreamLimit bounds the streams served at once (StreamLimit gives the config's); 0 means
+	// no limit.
+	StreamLimit int
 }
 
 // NewServer returns the ext_proc server.
@@ -81,19 +91,74 @@ func NewServer(o Options) *Server {
 	}
 	return &Server{
 		cfg: o.Router, placer: o.Placer, sizer: o.Sizer, parse: NewParseOptions(o.Router, o.Sizer),
-		metrics: o.Metrics, now: o.Now, log: o.Logger,
+		metrics: o.Metrics, now: o.Now, log: o.Logger, limit: int64(o.StreamLimit),
+		answered: make(chan struct{}, 1),
 	}
+}
+
+// AwaitAnswers waits until every open stream's request has had its routing answer, or ctx
+// ends. At shutdown, after the router turned every waiting request away (router.Live
+// Shutdown), it lets their 503 replies go out before the server stops.
+func (s *Server) AwaitAnswers(ctx context.Context) error {
+	for s.unanswered.Load() > 0 {
+		select {
+		case <-s.answered:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// answer records that one stream's request has its answer (or is gone).
+func (s *Server) answer() {
+	s.unanswered.Add(-1)
+	select {
+	case s.answered <- struct{}{}:
+	default:
+	}
+}
+
+// Flow control of the ext_proc listener (docs/memory.md). Fixed windows turn off grpc-go's
+// BDP auto-tuning, which grows a stream's receive window to 16 MiB: a client that sends
+// without reading (or while its request waits) makes Narwhal buffer at most StreamWindow per
+// stream. A message larger than the window still flows at full speed once the stream reads
+// it: grpc-go widens the window for the message being read.
+const (
+	StreamWindow  = 256 << 10
+	ConnWindow    = 4 << 20
+	MaxHeaderList = 256 << 10 // gRPC request metadata; Envoy sends a few hundred bytes
+	// StreamMargin is what StreamLimit allows beyond the waiting set and the engines' decode
+	// streams: requests being parsed or answered, and pass-through paths.
+	StreamMargin = 1024
+)
+
+// StreamLimit is the number of ext_proc streams Narwhal serves at once for a config: every
+// request the router can hold (router.waiting_set.capacity waiting, and the max_streams of
+// every engine that can decode), plus StreamMargin.
+func StreamLimit(cfg *config.Config) int {
+	n := cfg.Router.WaitingSet.Capacity + StreamMargin
+	for _, e := range cfg.Engines {
+		if p, ok := cfg.Profiles[e.Profile]; ok && p.Decode != nil {
+			n += p.Decode.MaxStreams
+		}
+	}
+	return n
 }
 
 // GRPCServerOptions are the gRPC options the ext_proc listener needs: messages larger than
 // router.body_limit_bytes are received (so that an oversized body gets Narwhal's 413, not a gRPC
-// error) and Envoy's many concurrent streams on one connection are allowed.
-func GRPCServerOptions(cfg config.Router) []grpc.ServerOption {
-	limit := int(cfg.BodyLimitBytes) + 1<<20
+// error), fixed flow-control windows bound what a stream buffers, and one connection may carry
+// up to StreamLimit streams (Envoy multiplexes requests on few connections).
+func GRPCServerOptions(cfg *config.Config) []grpc.ServerOption {
+	limit := int(cfg.Router.BodyLimitBytes) + 1<<20
 	return []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(limit),
 		grpc.MaxSendMsgSize(limit),
-		grpc.MaxConcurrentStreams(1 << 20),
+		grpc.MaxConcurrentStreams(uint32(StreamLimit(cfg))),
+		grpc.InitialWindowSize(StreamWindow),
+		grpc.InitialConnWindowSize(ConnWindow),
+		grpc.MaxHeaderListSize(MaxHeaderList),
 	}
 }
 
@@ -104,8 +169,19 @@ func (s *Server) Register(g *grpc.Server) { extprocv3.RegisterExternalProcessorS
 // machine, send its replies. io.EOF and cancellation are normal ends (Envoy is done, or the
 // client or upstream went away); whatever the request holds is released.
 func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
+	defer s.active.Add(-1)
+	if n := s.active.Add(1); s.limit > 0 && n > s.limit {
+		return s.refuse(ps)
+	}
 	st := newStream(s, ps.Context())
 	defer st.close()
+	s.unanswered.Add(1)
+	answered := false
+	defer func() {
+		if !answered {
+			s.answer()
+		}
+	}()
 	for {
 		req, err := ps.Recv()
 		if err != nil {
@@ -114,7 +190,10 @@ func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
 			}
 			return err
 		}
-		out := st.step(req)
+		out, perr := st.step(req)
+		if perr != nil {
+			return status.Error(codes.InvalidArgument, perr.Error())
+		}
 		for _, resp := range out {
 			if err := ps.Send(resp); err != nil {
 				if status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) {
@@ -124,10 +203,25 @@ func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
 			}
 		}
 		clear(out) // a held stream keeps no reply alive
+		if !answered && st.phase >= phaseResponse {
+			answered = true
+			s.answer()
+		}
 		if st.phase == phaseDone && st.closed {
 			return nil
 		}
 	}
+}
+
+// refuse answers a stream over the limit: its first message gets a 503 overloaded reply.
+func (s *Server) refuse(ps extprocv3.ExternalProcessor_ProcessServer) error {
+	s.metrics.streamRefused()
+	if _, err := ps.Recv(); err != nil {
+		return nil
+	}
+	_ = ps.Send(immediate(rejection{status: 503, code: "overloaded", retryAfter: 1,
+		message: "narwhal is serving " + strconv.FormatInt(s.limit, 10) + " requests at once, its limit; retry later"}, "narwhal_overloaded"))
+	return nil
 }
 
 // requestID is Envoy's x-request-id when present, else one of Narwhal's own.

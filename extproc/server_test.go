@@ -92,7 +92,7 @@ func newFixture(t *testing.T, mode envoytest.Mode, tweak func(*config.Config), r
 		t.Fatal(err)
 	}
 	fx.fleet = f
-	fx.live = router.NewLive(router.New(cfg, f.Snapshot(), time.Now()), time.Now, nil)
+	fx.live = router.NewLive(router.New(cfg, f.Snapshot(), time.Now()), time.Now, router.Hooks{})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = fx.live.Run(ctx) })
@@ -103,7 +103,7 @@ func newFixture(t *testing.T, mode envoytest.Mode, tweak func(*config.Config), r
 		t.Fatal(err)
 	}
 	srv := extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: fx.live, Sizer: sizer})
-	fx.extproc = envoytest.StartServer(t, srv, extproc.GRPCServerOptions(cfg.Router)...)
+	fx.extproc = envoytest.StartServer(t, srv, extproc.GRPCServerOptions(cfg)...)
 	var hs *httptest.Server
 	fx.gw, hs = envoytest.StartGateway(t, fx.extproc, mode, envoytest.WithRoutedPaths(cfg.Router.Paths...),
 		envoytest.WithDefaultUpstream(fx.addr["e1"]))

@@ -20,11 +20,10 @@ const (
 	// MinBytesPerToken and MaxBytesPerToken bound the calibrated ratio.
 	MinBytesPerToken = 1.0
 	MaxBytesPerToken = 16.0
-	// MaxTrackedModels is how many models get their own calibration and error statistics;
-	// later models share the entry reported as OtherModels.
-	MaxTrackedModels = 1024
-	// OtherModels names the shared entry of the models past MaxTrackedModels in Errors.
-	OtherModels = "(other)"
+	// MaxTrackedModels is how many models keep their own calibration and error statistics.
+	// Model names are client-chosen (at most MaxModelBytes each): when a new model is observed
+	// with the table full, the least recently used model leaves it.
+	MaxTrackedModels = 64
 
 	// calibration: each observation decays the previous sums by calibrationDecay (an
 	// effective memory of about 50 responses); an observation weighs at most
@@ -50,19 +49,22 @@ var ErrSizingMethod = errors.New("extproc: unknown sizing method")
 //
 // A Sizer is safe for concurrent use. Sizing a request reads an atomically published model
 // table and an atomic ratio, with no lock; Observe locks only the observed model's entry.
+// Recency for the table's LRU is an epoch that advances on every addition: a lookup stamps
+// its entry with the current epoch (a write only when the stamp changes), and an addition to a
+// full table evicts an entry with the oldest stamp, one not used since the earliest addition.
 type Sizer struct {
 	codec tokenizer.Codec // nil for method bytes
 
 	mu     sync.Mutex                             // serializes additions to models
 	models atomic.Pointer[map[string]*modelStats] // copy-on-write: readers never lock
-	other  *modelStats
+	epoch  atomic.Uint64
 }
 
 // modelStats is one model's calibration and sizing error.
 type modelStats struct {
-	name   string
-	shared bool          // the OtherModels entry
-	ratio  atomic.Uint64 // math.Float64bits of the bytes-per-token ratio
+	name  string
+	ratio atomic.Uint64 // math.Float64bits of the bytes-per-token ratio
+	used  atomic.Uint64 // the Sizer's epoch when last used
 
 	mu            sync.Mutex
 	bytes, tokens float64 // decayed sums of calibration text bytes and tokens
@@ -70,8 +72,8 @@ type modelStats struct {
 	mape, bias    float64
 }
 
-func newModelStats(name string, shared bool) *modelStats {
-	e := &modelStats{name: name, shared: shared, bytes: calibrationPriorBytes,
+func newModelStats(name string) *modelStats {
+	e := &modelStats{name: name, bytes: calibrationPriorBytes,
 		tokens: calibrationPriorBytes / DefaultBytesPerToken}
 	e.ratio.Store(math.Float64bits(DefaultBytesPerToken))
 	return e
@@ -81,7 +83,7 @@ func newModelStats(name string, shared bool) *modelStats {
 // cfg.Encoding (cl100k_base when empty), which takes a moment and some memory; nothing is
 // downloaded.
 func NewSizer(cfg config.Sizing) (*Sizer, error) {
-	s := &Sizer{other: newModelStats(OtherModels, true)}
+	s := &Sizer{}
 	s.models.Store(&map[string]*modelStats{})
 	switch cfg.Method {
 	case "", config.SizingBytes:
@@ -123,37 +125,34 @@ func (s *Sizer) countBPE(text []byte) int {
 	return n
 }
 
-// lookup returns the entry of the model named by name, or nil when it has none yet. It neither
+// lookup returns the entry of the model named by name, or nil when it has none. It neither
 // locks nor allocates.
 func (s *Sizer) lookup(name []byte) *modelStats {
 	if s == nil {
 		return nil
 	}
-	m := *s.models.Load()
-	if e, ok := m[string(name)]; ok {
-		return e
-	}
-	if len(m) >= MaxTrackedModels {
-		return s.other
-	}
-	return nil
+	return s.touch((*s.models.Load())[string(name)])
 }
 
 func (s *Sizer) stats(model string) *modelStats {
 	if s == nil {
 		return nil
 	}
-	m := *s.models.Load()
-	if e, ok := m[model]; ok {
-		return e
-	}
-	if len(m) >= MaxTrackedModels {
-		return s.other
-	}
-	return nil
+	return s.touch((*s.models.Load())[model])
 }
 
-// entry returns the entry of model, adding it when there is room.
+// touch stamps an entry with the current epoch (LRU recency).
+func (s *Sizer) touch(e *modelStats) *modelStats {
+	if e != nil {
+		if ep := s.epoch.Load(); e.used.Load() != ep {
+			e.used.Store(ep)
+		}
+	}
+	return e
+}
+
+// entry returns the entry of model, adding it (and evicting the least recently used entry of a
+// full table) when it has none.
 func (s *Sizer) entry(model string) *modelStats {
 	if e := s.stats(model); e != nil {
 		return e
@@ -164,14 +163,23 @@ func (s *Sizer) entry(model string) *modelStats {
 	if e, ok := old[model]; ok {
 		return e
 	}
+	var evict string
 	if len(old) >= MaxTrackedModels {
-		return s.other
+		oldest := uint64(math.MaxUint64)
+		for k, v := range old {
+			if u := v.used.Load(); u < oldest || u == oldest && k < evict {
+				oldest, evict = u, k
+			}
+		}
 	}
 	m := make(map[string]*modelStats, len(old)+1)
 	for k, v := range old {
-		m[k] = v
+		if k != evict || len(old) < MaxTrackedModels {
+			m[k] = v
+		}
 	}
-	e := newModelStats(model, false)
+	e := newModelStats(model)
+	e.used.Store(s.epoch.Add(1))
 	m[model] = e
 	s.models.Store(&m)
 	return e
@@ -255,15 +263,15 @@ type SizingError struct {
 	BytesPerToken float64
 }
 
-// Errors returns the sizing accuracy of every observed model, sorted by model name. Models past
-// MaxTrackedModels are reported together as OtherModels.
+// Errors returns the sizing accuracy of every tracked model (at most MaxTrackedModels), sorted
+// by model name.
 func (s *Sizer) Errors() []SizingError {
 	if s == nil {
 		return nil
 	}
 	m := *s.models.Load()
 	out := make([]SizingError, 0, len(m)+1)
-	add := func(e *modelStats) {
+	for _, e := range m {
 		e.mu.Lock()
 		se := SizingError{Model: e.name, Samples: e.samples, MAPE: e.mape, Bias: e.bias}
 		e.mu.Unlock()
@@ -274,10 +282,6 @@ func (s *Sizer) Errors() []SizingError {
 			out = append(out, se)
 		}
 	}
-	for _, e := range m {
-		add(e)
-	}
-	add(s.other)
 	sort.Slice(out, func(i, j int) bool { return out[i].Model < out[j].Model })
 	return out
 }

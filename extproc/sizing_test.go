@@ -177,32 +177,36 @@ func TestSizerObserveNumbersOnly(t *testing.T) {
 	}
 }
 
+// The sizing table is bounded: past MaxTrackedModels, a new model evicts the least recently
+// used one, and a model in use keeps its calibration (issue 7).
 func TestSizerModelCap(t *testing.T) {
 	s, _ := NewSizer(sizingBytes())
-	for i := range MaxTrackedModels + 10 {
+	for range 200 { // "busy" calibrates to 2 bytes per token
+		s.Observe("busy", textTokens(400, s.BytesPerToken("busy")), 200)
+	}
+	for i := range 10 * MaxTrackedModels {
 		s.Observe(fmt.Sprintf("m%04d", i), 100, 100)
+		if i%8 == 0 {
+			_ = s.BytesPerToken("busy") // in use all along
+		}
 	}
 	e := s.Errors()
-	if len(e) != MaxTrackedModels+1 {
-		t.Fatalf("%d entries", len(e))
-	}
-	if e[0].Model != OtherModels || e[0].Samples != 10 {
-		t.Fatalf("first entry %+v", e[0])
+	if len(e) != MaxTrackedModels {
+		t.Fatalf("%d entries, want %d", len(e), MaxTrackedModels)
 	}
 	for i := 1; i < len(e); i++ {
 		if e[i-1].Model >= e[i].Model {
 			t.Fatalf("not sorted at %d: %q %q", i, e[i-1].Model, e[i].Model)
 		}
 	}
-	// Untracked models share the calibration of the other entry.
-	for range 200 {
-		s.Observe("late-model", textTokens(400, s.BytesPerToken("late-model")), 200)
+	if r := s.BytesPerToken("busy"); math.Abs(r-2) > 0.1 {
+		t.Fatalf("the model in use lost its calibration: %v", r)
 	}
-	if a, b := s.BytesPerToken("late-model"), s.BytesPerToken("another"); a != b || math.Abs(a-2) > 0.1 {
-		t.Fatalf("ratios %v %v", a, b)
+	if e[len(e)-1].Model != fmt.Sprintf("m%04d", 10*MaxTrackedModels-1) {
+		t.Fatalf("the newest model is not tracked: %+v", e[len(e)-1])
 	}
 	if s.BytesPerToken("m0001") != DefaultBytesPerToken {
-		t.Fatal("a tracked model moved")
+		t.Fatal("an evicted model kept a ratio")
 	}
 }
 

@@ -25,12 +25,25 @@ const (
 	phaseDone                   // answered, or the response ended
 )
 
+// seen records which parts of the HTTP exchange Envoy has sent on the stream.
+type seen uint8
+
+const (
+	seenRequestHeaders seen = 1 << iota
+	seenRequestEnd          // the request ended: end_of_stream, or its trailers
+	seenRequestTrailers
+	seenResponseHeaders
+	seenResponseEnd
+	seenResponseTrailers
+)
+
 // stream is one request's state: the protocol phase, the request facts, the placement, and what
 // the response showed. Small on purpose.
 type stream struct {
 	s      *Server
 	ctx    context.Context
 	phase  phase
+	seen   seen
 	closed bool // an ImmediateResponse ended the exchange
 
 	routed, chat   bool
@@ -57,9 +70,19 @@ func newStream(s *Server, ctx context.Context) *stream {
 	return &stream{s: s, ctx: ctx}
 }
 
-// step handles one message from Envoy and returns the replies to send, in order.
-func (st *stream) step(req *extprocv3.ProcessingRequest) []*extprocv3.ProcessingResponse {
+// step handles one message from Envoy and returns the replies to send, in order. A message that
+// does not fit the exchange so far (order) is a protocol violation: step returns it as an
+// error, after releasing what the request held, and the stream must end.
+func (st *stream) step(req *extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) {
 	st.out = st.out[:0]
+	if what := st.order(req); what != "" {
+		if st.placed { // the exchange broke: the request failed, through no fault of the engine
+			st.settle(func() error { return st.s.placer.Fail(st.handle, router.FailRequest) })
+		}
+		st.phase = phaseDone
+		st.s.metrics.protocolError()
+		return nil, &ProtocolError{What: what}
+	}
 	start := st.s.now()
 	if pc := req.GetProtocolConfig(); pc != nil {
 		st.fullDuplex = pc.GetRequestBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
@@ -89,11 +112,92 @@ func (st *stream) step(req *extprocv3.ProcessingRequest) []*extprocv3.Processing
 		name = "response_trailers"
 		st.reply(continueTrailers(false))
 	default:
-		return nil // flow-control-only messages carry no request part and need no reply
+		return nil, nil // flow-control-only messages carry no request part and need no reply
 	}
 	st.s.metrics.observePhase(name, st.s.now().Sub(start)-st.waited)
 	st.waited = 0
-	return st.out
+	return st.out, nil
+}
+
+// ProtocolError is an ext_proc message that does not fit its stream: Envoy sends one HTTP
+// request per stream, request headers first, each direction in the order headers, body,
+// trailers, and the response only once the request has been answered. Narwhal does not trust
+// its client to: the stream ends with InvalidArgument and the request releases what it held.
+type ProtocolError struct{ What string }
+
+func (e *ProtocolError) Error() string {
+	return "narwhal: ext_proc protocol violation: " + e.What + " (one stream carries one HTTP request, in Envoy's message order)"
+}
+
+// order checks that a message fits what the stream has seen and records it; it returns what
+// is wrong, or "" when the message fits.
+func (st *stream) order(req *extprocv3.ProcessingRequest) string {
+	has := func(s seen) bool { return st.seen&s != 0 }
+	if st.phase == phaseDone && st.closed {
+		return "a message after Narwhal answered the request itself"
+	}
+	var eos bool
+	switch r := req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		if has(seenRequestHeaders) {
+			return "request_headers a second time"
+		}
+		st.seen |= seenRequestHeaders
+		eos = r.RequestHeaders.GetEndOfStream()
+		if eos {
+			st.seen |= seenRequestEnd
+		}
+		return ""
+	case nil:
+		return ""
+	}
+	if !has(seenRequestHeaders) {
+		return "a message before request_headers"
+	}
+	switch r := req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestBody:
+		if has(seenRequestEnd) {
+			return "request_body after the request ended"
+		}
+		if r.RequestBody.GetEndOfStream() {
+			st.seen |= seenRequestEnd
+		}
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		if has(seenRequestEnd) {
+			return "request_trailers after the request ended"
+		}
+		st.seen |= seenRequestTrailers | seenRequestEnd
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		switch {
+		case has(seenResponseHeaders):
+			return "response_headers a second time"
+		case st.phase == phaseHeaders || st.phase == phaseBody:
+			return "response_headers before the request was answered"
+		}
+		st.seen |= seenResponseHeaders
+		if r.ResponseHeaders.GetEndOfStream() {
+			st.seen |= seenResponseEnd
+		}
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		switch {
+		case !has(seenResponseHeaders):
+			return "response_body before response_headers"
+		case has(seenResponseEnd):
+			return "response_body after the response ended"
+		}
+		if r.ResponseBody.GetEndOfStream() {
+			st.seen |= seenResponseEnd
+		}
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		switch {
+		case !has(seenResponseHeaders):
+			return "response_trailers before response_headers"
+		case has(seenResponseTrailers):
+			return "response_trailers a second time"
+		}
+		st.seen |= seenResponseTrailers | seenResponseEnd
+	}
+	return ""
 }
 
 func (st *stream) reply(r *extprocv3.ProcessingResponse) { st.out = append(st.out, r) }
@@ -160,7 +264,9 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) {
 		return
 	}
 	if !st.fullDuplex {
-		st.offer(b.GetBody())
+		body := b.Body
+		b.Body = nil // Envoy keeps the buffered body: a waiting request does not hold it here
+		st.offer(body)
 		return
 	}
 	if len(st.body)+len(b.GetBody()) <= int(st.s.cfg.BodyLimitBytes)+1 {
@@ -185,22 +291,36 @@ func (st *stream) requestTrailers() {
 }
 
 // offer parses and sizes the body, asks the router, and answers with the placement or a
-// rejection. It blocks while the request waits in the waiting set.
+// rejection. It blocks while the request waits in the waiting set; the body is not used (nor
+// kept alive) past parsing.
 func (st *stream) offer(body []byte) {
+	if st.parse(body) {
+		st.place()
+	}
+}
+
+// parse reads the request into st.req, or answers 413/400 and reports false.
+func (st *stream) parse(body []byte) bool {
 	if int64(len(body)) > st.s.cfg.BodyLimitBytes {
 		st.s.placer.Invalid()
 		st.reject(rejection{status: 413, code: "body_too_large",
 			message: "request body is " + strconv.Itoa(len(body)) + " bytes or more; the limit is " + strconv.FormatInt(st.s.cfg.BodyLimitBytes, 10)},
 			"narwhal_body_too_large")
-		return
+		return false
 	}
 	req, perr := ParseRequest(body, st.chat, st.s.parse)
 	if perr != nil {
 		st.s.placer.Invalid()
 		st.reject(rejection{status: perr.Status, code: perr.Code, message: perr.Message}, "narwhal_invalid_request")
-		return
+		return false
 	}
 	st.req = req
+	return true
+}
+
+// place offers the parsed request to the router and answers with its outcome.
+func (st *stream) place() {
+	req := &st.req
 	waitStart := st.s.now()
 	out, err := st.s.placer.Offer(st.ctx, router.Offer{
 		ID: st.id, PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, Prefix: st.req.PrefixHashes(),
@@ -212,7 +332,7 @@ func (st *stream) offer(body []byte) {
 	case err != nil: // the client went away while waiting; Offer released it
 		st.phase, st.closed = phaseDone, true
 	case out.Status == router.Rejected:
-		st.reject(rejection{status: out.Code.Status(), code: out.Code.String(), message: rejectMessage(out.Code), retryAfter: out.RetryAfterS},
+		st.reject(rejection{status: out.Code.Status(), code: out.Code.String(), message: rejectMessage(out), retryAfter: out.RetryAfterS},
 			"narwhal_"+out.Code.String())
 	default:
 		st.placed, st.handle, st.projTTFT = true, out.Handle, out.Placement.ProjectedTTFT
@@ -221,8 +341,8 @@ func (st *stream) offer(body []byte) {
 	}
 }
 
-func rejectMessage(c router.Code) string {
-	switch c {
+func rejectMessage(o router.Outcome) string {
+	switch o.Code {
 	case router.WaitingSetFull:
 		return "the waiting set is full; retry later"
 	case router.PredictedSLOMiss:
@@ -233,6 +353,11 @@ func rejectMessage(c router.Code) string {
 		return "no live engine can take the request"
 	case router.WaitTimeout:
 		return "the request waited longer than the waiting set allows"
+	case router.ContextLengthExceeded:
+		return "the request needs " + strconv.FormatInt(o.Need, 10) + " tokens of KV cache (its prompt plus max_tokens, or one output token); the largest engine holds " +
+			strconv.FormatInt(o.Limit, 10) + " (max_kv_tokens): shorten the prompt or lower max_tokens"
+	case router.ShuttingDown:
+		return "narwhal is shutting down; retry on another instance"
 	}
 	return "rejected"
 }
@@ -299,7 +424,11 @@ func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) {
 	skip := !st.respDuplex // mode_override is refused in full duplex
 	switch {
 	case code != "200":
-		st.settle(func() error { return st.s.placer.Fail(st.handle) })
+		why := router.FailRequest
+		if len(code) == 3 && code[0] == '5' { // the engine failed it (or Envoy answered its reset)
+			why = router.FailUpstream
+		}
+		st.settle(func() error { return st.s.placer.Fail(st.handle, why) })
 		st.reply(continueResponseHeaders(skip))
 	case !strings.HasPrefix(ctype, "text/event-stream") || h.GetEndOfStream():
 		// A whole response at once: the engine has finished.

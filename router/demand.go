@@ -3,8 +3,8 @@ package router
 // sample is one admitted offer as demand: (time, prompt tokens, expected output tokens).
 type sample struct {
 	t      float64
-	prompt int32
-	output int32
+	prompt int64
+	output int64
 }
 
 // window is one demand horizon over a shared sample ring: the sums of the samples newer than
@@ -30,7 +30,7 @@ func newDemand(shortS, longS float64) demand {
 
 func (d *demand) at(i int) *sample { return &d.ring[(d.head+i)%len(d.ring)] }
 
-func (d *demand) add(t float64, prompt, output int) {
+func (d *demand) add(t float64, prompt, output int64) {
 	if d.count == len(d.ring) {
 		grown := make([]sample, 2*len(d.ring))
 		for i := 0; i < d.count; i++ {
@@ -38,16 +38,16 @@ func (d *demand) add(t float64, prompt, output int) {
 		}
 		d.ring, d.head = grown, 0
 	}
-	*d.at(d.count) = sample{t: t, prompt: int32(prompt), output: int32(output)}
+	*d.at(d.count) = sample{t: t, prompt: prompt, output: output}
 	d.count++
 	d.short.push(prompt, output)
 	d.long.push(prompt, output)
 }
 
-func (w *window) push(prompt, output int) {
+func (w *window) push(prompt, output int64) {
 	w.n++
-	w.prompt += int64(prompt)
-	w.output += int64(output)
+	w.prompt += prompt
+	w.output += output
 }
 
 // expireWindow moves the window's start past the samples older than now - horizon.
@@ -58,8 +58,8 @@ func (d *demand) expireWindow(w *window, now float64) {
 			return
 		}
 		w.n--
-		w.prompt -= int64(s.prompt)
-		w.output -= int64(s.output)
+		w.prompt -= s.prompt
+		w.output -= s.output
 		w.start++
 	}
 }

@@ -85,7 +85,11 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 			td.MaybeScanArgs(t, "tokens", &n)
 			err = d.r.Complete(now, h, n)
 		case "fail":
-			err = d.r.Fail(now, h)
+			why := FailRequest
+			if td.HasArg("upstream") {
+				why = FailUpstream
+			}
+			err = d.r.Fail(now, h, why)
 		case "cancel":
 			err = d.r.Cancel(now, h)
 		}
@@ -94,6 +98,8 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 		}
 	case "tick":
 		d.r.Tick(d.at(td))
+	case "shutdown":
+		d.r.Shutdown(d.at(td))
 	case "lifecycle", "role":
 		d.fleetChange(td, &b)
 	case "state":
@@ -112,6 +118,9 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 	}
 	for _, o := range d.r.Ready() {
 		b.WriteString(d.outcome(d.names[o.Handle], o))
+	}
+	for _, e := range d.r.TakeEjections() {
+		fmt.Fprintf(&b, "ejected: %s after %d upstream failures\n", e.Engine, e.Failures)
 	}
 	if tr, ok := d.r.TakeTrigger(); ok {
 		fmt.Fprintf(&b, "urgent: %s projected_ttft=%.3f\n", tr.Request, tr.ProjectedTTFT)
@@ -148,6 +157,16 @@ func (d *driver) init(td *datadriven.TestData) {
 			cfg.Router.PrefixAffinity.Enabled = v == "true"
 		case "first_token_timeout":
 			cfg.Router.FirstTokenTimeoutS = f
+		case "passive":
+			cfg.Health.Passive.ConsecutiveFailures = int(f)
+		case "handoff":
+			cfg.Router.Handoff = v
+		case "max_kv":
+			p := cfg.Profiles[config.DefaultProfileName]
+			dc := *p.Decode
+			dc.MaxKVTokens = int(f)
+			p.Decode = &dc
+			cfg.Profiles[config.DefaultProfileName] = p
 		default:
 			d.t.Fatalf("%s: unknown init argument %s", td.Pos, a.Key)
 		}
@@ -213,6 +232,9 @@ func (d *driver) outcome(id string, o Outcome) string {
 		if o.RetryAfterS > 0 {
 			s += fmt.Sprintf(" retry-after=%d", o.RetryAfterS)
 		}
+		if o.Code == ContextLengthExceeded {
+			s += fmt.Sprintf(" need=%d limit=%d", o.Need, o.Limit)
+		}
 		return s + "\n"
 	}
 	return fmt.Sprintf("%s: status %d\n", id, o.Status)
@@ -252,11 +274,17 @@ func (d *driver) state(b *strings.Builder) {
 	fmt.Fprintf(b, "offers=%d invalid=%d admitted=%d overflow=%+v\n", c.Offers, c.Invalid, c.Admitted, c.Overflow)
 	fmt.Fprintf(b, "dispatched=%+v completed=%d failed=%d cancelled=%+v first_token_timeouts=%d\n",
 		c.Dispatched, c.Completed, c.Failed, c.Cancelled, c.FirstTokenTimeouts)
+	if c.ContextLengthExceeded+c.Ejections > 0 {
+		fmt.Fprintf(b, "context_length_exceeded=%d ejections=%d\n", c.ContextLengthExceeded, c.Ejections)
+	}
 	fmt.Fprintf(b, "retained=%+v\n", s.Retained)
 	for _, e := range s.Engines {
 		fmt.Fprintf(b, "%s: prefill=%d decode=%d busy=%.3f corr=%.3f/%.3f", e.ID, e.PrefillResidents, e.DecodeResidents, e.BusyUntilS, e.Correction.Prefill, e.Correction.Decode)
 		if e.Fallback {
 			b.WriteString(" fallback")
+		}
+		if p := e.Passive; p.ConsecutiveFailures > 0 || p.Ejected {
+			fmt.Fprintf(b, " upstream_failures=%d ejected=%t", p.ConsecutiveFailures, p.Ejected)
 		}
 		b.WriteString("\n")
 	}

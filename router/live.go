@@ -18,18 +18,26 @@ type Live struct {
 	mu      sync.Mutex
 	r       *Router
 	waiters map[Handle]chan Outcome
-	trigger func(Trigger)
+	hooks   Hooks
 	armed   time.Time // when Run's timer fires next (under mu)
 
 	kick chan struct{}
 	pool sync.Pool
 }
 
-// NewLive wraps r. now is the clock (time.Now in production). onTrigger, when not nil, is
-// called (outside the lock) with every urgent-wake trigger the router raises.
-func NewLive(r *Router, now func() time.Time, onTrigger func(Trigger)) *Live {
+// Hooks receive what the router raises for others to act on. Each is called outside the
+// router's lock, from the goroutine whose call raised it; nil hooks are skipped.
+type Hooks struct {
+	// Trigger receives every urgent-wake trigger (for the controller).
+	Trigger func(Trigger)
+	// Eject receives every passive-health ejection (for the fleet: mark the engine failed).
+	Eject func(Ejection)
+}
+
+// NewLive wraps r. now is the clock (time.Now in production).
+func NewLive(r *Router, now func() time.Time, h Hooks) *Live {
 	return &Live{
-		r: r, now: now, trigger: onTrigger,
+		r: r, now: now, hooks: h,
 		waiters: map[Handle]chan Outcome{},
 		kick:    make(chan struct{}, 1),
 		pool:    sync.Pool{New: func() any { return make(chan Outcome, 1) }},
@@ -44,7 +52,7 @@ func (l *Live) Run(ctx context.Context) error {
 		l.mu.Lock()
 		now := l.now()
 		l.r.Tick(now)
-		tr, fire := l.flush()
+		rs := l.flush()
 		next, ok := l.r.NextDeadline()
 		wait := time.Hour
 		if ok {
@@ -52,7 +60,7 @@ func (l *Live) Run(ctx context.Context) error {
 		}
 		l.armed = now.Add(wait)
 		l.mu.Unlock()
-		l.fire(tr, fire)
+		l.fire(rs)
 		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
@@ -70,8 +78,9 @@ func (l *Live) Run(ctx context.Context) error {
 }
 
 // flush delivers the router's outbox to the waiting offers, and wakes Run when the router now
-// has a deadline before Run's timer; call with the lock held.
-func (l *Live) flush() (Trigger, bool) {
+// has a deadline before Run's timer; call with the lock held. It returns what the hooks get:
+// call fire with it after unlocking.
+func (l *Live) flush() raised {
 	for _, o := range l.r.Ready() {
 		if ch, ok := l.waiters[o.Handle]; ok {
 			delete(l.waiters, o.Handle)
@@ -82,12 +91,29 @@ func (l *Live) flush() (Trigger, bool) {
 		l.armed = next
 		l.wake()
 	}
-	return l.r.TakeTrigger()
+	var out raised
+	out.trigger, out.ok = l.r.TakeTrigger()
+	if ej := l.r.TakeEjections(); len(ej) > 0 {
+		out.ejected = append([]Ejection(nil), ej...) // rare: a copy outlives the lock
+	}
+	return out
 }
 
-func (l *Live) fire(t Trigger, ok bool) {
-	if ok && l.trigger != nil {
-		l.trigger(t)
+// raised is what one router call raised for the hooks.
+type raised struct {
+	trigger Trigger
+	ok      bool
+	ejected []Ejection
+}
+
+func (l *Live) fire(r raised) {
+	if r.ok && l.hooks.Trigger != nil {
+		l.hooks.Trigger(r.trigger)
+	}
+	if l.hooks.Eject != nil {
+		for _, e := range r.ejected {
+			l.hooks.Eject(e)
+		}
 	}
 }
 
@@ -110,9 +136,9 @@ func (l *Live) Offer(ctx context.Context, o Offer) (Outcome, error) {
 		ch = l.pool.Get().(chan Outcome)
 		l.waiters[out.Handle] = ch
 	}
-	tr, fire := l.flush()
+	rs := l.flush()
 	l.mu.Unlock()
-	l.fire(tr, fire)
+	l.fire(rs)
 	if ch == nil {
 		return out, nil
 	}
@@ -129,10 +155,10 @@ func (l *Live) Offer(ctx context.Context, o Offer) (Outcome, error) {
 	} else if res := <-ch; res.Status == Dispatched {
 		_ = l.r.Cancel(l.now(), out.Handle) // placed as the client left
 	}
-	tr, fire = l.flush()
+	rs = l.flush()
 	l.mu.Unlock()
 	l.pool.Put(ch)
-	l.fire(tr, fire)
+	l.fire(rs)
 	return Outcome{}, ctx.Err()
 }
 
@@ -140,9 +166,9 @@ func (l *Live) Offer(ctx context.Context, o Offer) (Outcome, error) {
 func (l *Live) step(fn func(now time.Time) error) error {
 	l.mu.Lock()
 	err := fn(l.now())
-	tr, fire := l.flush()
+	rs := l.flush()
 	l.mu.Unlock()
-	l.fire(tr, fire)
+	l.fire(rs)
 	return err
 }
 
@@ -163,9 +189,14 @@ func (l *Live) Complete(h Handle, outputTokens int) error {
 	return l.step(func(now time.Time) error { return l.r.Complete(now, h, outputTokens) })
 }
 
-// Fail records a dispatched request's failure.
-func (l *Live) Fail(h Handle) error {
-	return l.step(func(now time.Time) error { return l.r.Fail(now, h) })
+// Fail records a dispatched request's failure; why says whether it counts against the engine.
+func (l *Live) Fail(h Handle, why Failure) error {
+	return l.step(func(now time.Time) error { return l.r.Fail(now, h, why) })
+}
+
+// Shutdown rejects every waiting request (ShuttingDown) and every later offer.
+func (l *Live) Shutdown() {
+	_ = l.step(func(now time.Time) error { l.r.Shutdown(now); return nil })
 }
 
 // Cancel records a client cancel of a dispatched request.

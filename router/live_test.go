@@ -26,7 +26,7 @@ func liveFixture(t *testing.T, tweak func(*config.Config)) (*Live, *fleet.Fleet,
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := NewLive(New(cfg, f.Snapshot(), time.Now()), time.Now, nil)
+	l := NewLive(New(cfg, f.Snapshot(), time.Now()), time.Now, Hooks{})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = l.Run(ctx) })
@@ -66,7 +66,7 @@ func TestLiveConcurrent(t *testing.T) {
 				case 1:
 					_ = l.Complete(out.Handle, 0)
 				case 2:
-					_ = l.Fail(out.Handle)
+					_ = l.Fail(out.Handle, FailRequest)
 				case 3:
 					_ = l.FirstToken(out.Handle)
 					_ = l.Cancel(out.Handle)
@@ -120,7 +120,7 @@ func TestLiveWaitTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, h := range held {
-		if err := l.Fail(h); err != nil {
+		if err := l.Fail(h, FailRequest); err != nil {
 			t.Fatal(err)
 		}
 	}

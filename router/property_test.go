@@ -46,7 +46,7 @@ func TestConservationProperty(t *testing.T) {
 		status := map[Handle]Status{}
 		check := func(step string) {
 			for _, o := range r.Ready() {
-				if o.Handle == 0 || (o.Status != Dispatched && !(o.Status == Rejected && o.Code == WaitTimeout)) {
+				if o.Handle == 0 || (o.Status != Dispatched && !(o.Status == Rejected && (o.Code == WaitTimeout || o.Code == ShuttingDown))) {
 					rt.Fatalf("%s: bad outbox entry %+v", step, o)
 				}
 				if status[o.Handle] != Waiting {
@@ -54,10 +54,23 @@ func TestConservationProperty(t *testing.T) {
 				}
 				status[o.Handle] = o.Status
 			}
+			for _, ej := range r.TakeEjections() { // the edge marks it failed, as serve does
+				if rapid.Bool().Draw(rt, "apply_ejection") {
+					_, _ = f.SetLifecycle(ej.Engine, fleet.Failed, now, "passive")
+					r.SetFleet(now, f.Snapshot())
+				}
+			}
 			s := r.Snapshot(now)
 			if broken := s.Conserved(); broken != "" {
 				rt.Fatalf("%s: %s: %+v", step, broken, s)
 			}
+			if out := r.expectedOutput(); out < 1 || out > r.maxKV {
+				rt.Fatalf("%s: expected output %d outside [1, %d]", step, out, r.maxKV)
+			}
+		}
+		// Token counts come from clients and engines: mostly plausible, sometimes absurd.
+		tokens := func(label string, plausible int) int {
+			return rapid.OneOf(rapid.IntRange(0, plausible), rapid.SampledFrom([]int{-1, 1 << 40, math.MaxInt, math.MaxInt32, 2_000_000})).Draw(rt, label)
 		}
 		steps := rapid.IntRange(1, 120).Draw(rt, "steps")
 		for i := 0; i < steps; i++ {
@@ -68,19 +81,25 @@ func TestConservationProperty(t *testing.T) {
 				}
 				return live[rapid.IntRange(0, len(live)-1).Draw(rt, "which")], true
 			}
-			op := rapid.SampledFrom([]string{"offer", "offer", "first", "complete", "fail", "cancel", "tick", "fleet"}).Draw(rt, "op")
+			op := rapid.SampledFrom([]string{"offer", "offer", "first", "complete", "fail", "upstream", "cancel", "tick", "fleet", "shutdown"}).Draw(rt, "op")
+			if op == "shutdown" && rapid.IntRange(0, 9).Draw(rt, "really") > 0 {
+				op = "tick"
+			}
 			switch op {
 			case "offer":
-				o := r.Offer(now, Offer{ID: "r", PromptTokens: rapid.IntRange(1, 20000).Draw(rt, "tokens"), MaxTokens: rapid.IntRange(0, 500).Draw(rt, "max")})
+				o := r.Offer(now, Offer{ID: "r", PromptTokens: max(1, tokens("tokens", 20000)), MaxTokens: max(0, tokens("max", 500))})
 				if o.Status == Rejected {
-					if o.Handle != 0 || o.Code == 0 || (o.Code.Status() == 429) != (o.RetryAfterS > 0) {
+					if o.Handle != 0 || o.Code == 0 || (o.Code.Status() == 429 || o.Code == ShuttingDown) != (o.RetryAfterS > 0) ||
+						(o.Code == ContextLengthExceeded) != (o.Limit > 0 && o.Need > o.Limit) {
 						rt.Fatalf("bad rejection %+v", o)
 					}
 				} else {
 					live = append(live, o.Handle)
 					status[o.Handle] = o.Status
 				}
-			case "first", "complete", "fail", "cancel":
+			case "shutdown":
+				r.Shutdown(now)
+			case "first", "complete", "fail", "upstream", "cancel":
 				h, ok := pick()
 				if !ok {
 					continue
@@ -89,9 +108,11 @@ func TestConservationProperty(t *testing.T) {
 				case "first":
 					_ = r.FirstToken(now, h)
 				case "complete":
-					_ = r.Complete(now, h, rapid.IntRange(0, 300).Draw(rt, "out"))
+					_ = r.Complete(now, h, tokens("out", 300))
 				case "fail":
-					_ = r.Fail(now, h)
+					_ = r.Fail(now, h, FailRequest)
+				case "upstream":
+					_ = r.Fail(now, h, FailUpstream)
 				case "cancel":
 					_ = r.Cancel(now, h)
 				}
@@ -130,6 +151,12 @@ func TestConservationProperty(t *testing.T) {
 		}
 		if len(r.free) != len(r.slots) {
 			rt.Fatalf("%d of %d slots still held", len(r.slots)-len(r.free), len(r.slots))
+		}
+		// Past the long demand horizon every sample has left: the retained demand is zero.
+		now = now.Add(config.Seconds(cfg.Router.Demand.LongHorizonS + 1))
+		r.Tick(now)
+		if s := r.Snapshot(now); s.Retained != (Retained{}) || s.Demand != (Demand{}) {
+			rt.Fatalf("retained demand after the long horizon: %+v %+v", s.Retained, s.Demand)
 		}
 	})
 }

@@ -43,8 +43,10 @@ type entry struct {
 	prefill    int16 // engine indices once dispatched
 	decode     int16
 	tailEngine int16 // the engine the waiting-set projection assigned, while waiting
-	prompt     int32
-	output     int32 // expected output tokens
+	explicit   bool  // output is the request's own max_tokens
+	timedOut   bool  // no first token within router.first_token_timeout_s
+	prompt     int64
+	output     int64 // expected output tokens
 	seq        uint64
 	arrival    float64
 	dispatchAt float64
@@ -72,6 +74,8 @@ type engine struct {
 	waitWork   float64 // projected prefill seconds of waiting requests the projection assigned here
 	streams    int     // decode residents: dispatched with this decode engine, not finished
 	kv         int64   // KV tokens they reserve
+	failStreak int     // upstream failures in a row of requests sent to this engine
+	ejected    bool    // passive health took it out of placement; cleared once the fleet agrees
 }
 
 func (e *engine) prefillSeconds(tokens int) float64 {
@@ -113,11 +117,16 @@ type Router struct {
 	nWaiting, nPrefilling, nDecoding int
 	waitingTokens, awaitingOutput    int64
 
-	counters Counters
-	demand   demand
-	outN     int64 // observed output lengths: count and sum
-	outSum   int64
-	aff      *affinity
+	maxKV   int64 // the most KV tokens any engine holds: a request needing more can never be placed
+	passive int   // health.passive.consecutive_failures (0: off)
+	closed  bool  // Shutdown ran: every offer is turned away
+
+	counters  Counters
+	demand    demand
+	ejections []Ejection
+	outN      int64 // observed output lengths: count and sum
+	outSum    int64
+	aff       *affinity
 
 	fallback        int16 // the aggregate fallback engine, or -1
 	fallbackSeq     uint64
@@ -142,8 +151,13 @@ func New(cfg *config.Config, snap fleet.Snapshot, now time.Time) *Router {
 	}
 	for i, fe := range snap.Engines {
 		r.byID[fe.ID] = int16(i)
-		r.engines = append(r.engines, engine{id: fe.ID, prof: cfg.Profiles[fe.Profile], corr: [2]float64{1, 1}})
+		prof := cfg.Profiles[fe.Profile]
+		r.engines = append(r.engines, engine{id: fe.ID, prof: prof, corr: [2]float64{1, 1}})
+		if prof.Decode != nil {
+			r.maxKV = max(r.maxKV, int64(prof.Decode.MaxKVTokens))
+		}
 	}
+	r.passive = cfg.Health.Passive.ConsecutiveFailures
 	if cfg.Router.PrefixAffinity.Enabled {
 		r.aff = newAffinity(cfg.Router.PrefixAffinity.Entries, cfg.Router.PrefixAffinity.BlockTokens, len(r.engines))
 	}
@@ -177,7 +191,15 @@ func (r *Router) SetFleet(now time.Time, snap fleet.Snapshot) {
 		// Headers and envoy.lb metadata carry IP:port (ORIGINAL_DST needs an IP): an engine whose
 		// host name is not resolved yet takes no placements.
 		_, ipErr := netip.ParseAddrPort(fe.Addr)
-		e.role, e.live, e.addr = fe.Role, fe.Live() && ipErr == nil, fe.Addr
+		live := fe.Live() && ipErr == nil
+		if e.ejected { // held out until the fleet shows the engine out of placement too
+			if fe.Live() {
+				live = false
+			} else {
+				e.ejected, e.failStreak = false, 0
+			}
+		}
+		e.role, e.live, e.addr = fe.Role, live, fe.Addr
 	}
 	r.updateFallback(t)
 	r.rebuildPools()
@@ -197,6 +219,17 @@ func (r *Router) Invalid() {
 func (r *Router) Offer(now time.Time, o Offer) Outcome {
 	t := r.at(now)
 	r.counters.Offers++
+	prompt := int64(max(o.PromptTokens, 0))
+	// The KV tokens it needs at least: its prompt and max_tokens, or one output token.
+	if need := addSat(prompt, int64(max(o.MaxTokens, 1))); r.maxKV > 0 && need > r.maxKV {
+		r.counters.Invalid++
+		r.counters.ContextLengthExceeded++
+		return Outcome{Status: Rejected, Code: ContextLengthExceeded, Need: need, Limit: r.maxKV}
+	}
+	if r.closed {
+		r.counters.Admitted++
+		return r.reject(ShuttingDown, 1)
+	}
 	fallback := r.fallback >= 0
 	if !fallback && (r.livePrefill == 0 || len(r.decodePool) == 0) {
 		return r.reject(NoCapacity, 0)
@@ -204,8 +237,11 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 	if r.nWaiting >= r.cfg.WaitingSet.Capacity {
 		return r.reject(WaitingSetFull, 1)
 	}
-	out := r.expectedOutput(o.MaxTokens)
-	need := int64(o.PromptTokens + out)
+	out, explicit := int64(o.MaxTokens), o.MaxTokens > 0
+	if !explicit { // an estimate never makes a request unplaceable
+		out = min(r.expectedOutput(), r.maxKV-prompt)
+	}
+	need := prompt + out
 	var (
 		pl      plan
 		atOnce  bool // placed at once
@@ -235,13 +271,13 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 	}
 
 	r.counters.Admitted++
-	r.demand.add(t, o.PromptTokens, out)
+	r.demand.add(t, prompt, out)
 	slot := r.alloc()
 	e := &r.slots[slot]
-	*e = entry{gen: e.gen, phase: phaseAdmitted, prompt: int32(o.PromptTokens), output: int32(out),
+	*e = entry{gen: e.gen, phase: phaseAdmitted, prompt: prompt, output: out, explicit: explicit,
 		arrival: t, id: o.ID, prefix: o.Prefix, prefill: -1, decode: -1, tailEngine: -1}
 	h := makeHandle(slot, e.gen)
-	r.awaitingOutput += int64(out)
+	r.awaitingOutput += out
 	if ttft > r.slo.TTFTS && !r.urgent {
 		r.urgent = true
 		r.trigger = Trigger{Request: o.ID, Handle: h, ProjectedTTFT: ttft, AtS: t}
@@ -253,25 +289,32 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 	return Outcome{Handle: h, Status: Waiting}
 }
 
+// addSat adds two non-negative counts, saturating instead of overflowing.
+func addSat(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
 func retryAfter(s float64) int { return max(1, int(math.Ceil(s))) }
 
 func (r *Router) reject(c Code, retry int) Outcome {
 	r.counters.Overflow.add(c)
-	if c.Status() != 429 {
+	if c.Status() != 429 && c != ShuttingDown {
 		retry = 0
 	}
 	return Outcome{Status: Rejected, Code: c, RetryAfterS: retry}
 }
 
-// expectedOutput is a request's expected output tokens (role-control.md section 2).
-func (r *Router) expectedOutput(maxTokens int) int {
-	switch {
-	case maxTokens > 0:
-		return maxTokens
-	case r.outN > 0:
-		return int(max(1, r.outSum/r.outN))
+// expectedOutput is the expected output tokens of a request without max_tokens: the running
+// mean of observed output lengths, else router.default_output_tokens (role-control.md
+// section 2). Observations are clamped (Complete), so the mean stays within engine limits.
+func (r *Router) expectedOutput() int64 {
+	if r.outN > 0 {
+		return max(1, r.outSum/r.outN)
 	}
-	return r.cfg.DefaultOutputTokens
+	return int64(r.cfg.DefaultOutputTokens)
 }
 
 func (r *Router) alloc() int32 {
@@ -412,7 +455,7 @@ func (r *Router) enqueue(slot int32, h Handle, tail int, tailDur float64) {
 	}
 	r.waiting.push(h)
 	r.nWaiting++
-	r.waitingTokens += int64(e.prompt)
+	r.waitingTokens += e.prompt
 }
 
 // unqueue takes a waiting entry out of the waiting-set accounting (the ring skips it later).
@@ -423,7 +466,7 @@ func (r *Router) unqueue(e *entry) {
 	}
 	e.tailEngine = -1
 	r.nWaiting--
-	r.waitingTokens -= int64(e.prompt)
+	r.waitingTokens -= e.prompt
 }
 
 // reproject recomputes the waiting-set projection from scratch (a pool changed).
@@ -540,7 +583,7 @@ func (r *Router) pump(t float64) {
 			r.waiting.pop()
 			continue
 		}
-		pl, ok := r.plan(t, int(e.prompt), int64(e.prompt)+int64(e.output), e.prefix)
+		pl, ok := r.plan(t, int(e.prompt), e.prompt+e.output, e.prefix)
 		if !ok {
 			return
 		}
@@ -593,8 +636,18 @@ func (r *Router) FirstToken(now time.Time, h Handle) error {
 		return ErrPhase
 	}
 	r.endPrefill(t, e, true)
+	r.engines[r.destination(e)].failStreak = 0
 	r.pump(t)
 	return nil
+}
+
+// destination is the engine Envoy sends a placed request to (router.handoff), the one whose
+// failures passive health checking counts.
+func (r *Router) destination(e *entry) int16 {
+	if r.cfg.Handoff == config.HandoffPrefill {
+		return e.prefill
+	}
+	return e.decode
 }
 
 // endPrefill moves a prefilling entry to decoding.
@@ -616,7 +669,7 @@ func (r *Router) endPrefill(t float64, e *entry, observed bool) {
 	e.phase, e.firstAt = phaseDecoding, t
 	r.nPrefilling--
 	r.nDecoding++
-	r.awaitingOutput -= int64(e.output)
+	r.awaitingOutput -= e.output
 }
 
 // correct folds one observed/predicted ratio into an engine's correction for a phase.
@@ -633,35 +686,93 @@ func (r *Router) correct(e *engine, ph int, ratio float64) {
 
 // Complete records the end of a dispatched request with outputTokens generated (0 when
 // unknown). A request that ends without a first token seen (a non-streaming response) leaves
-// prefill residency now.
+// prefill residency now. The count comes from the engine and is not trusted: it is clamped to
+// what the request could have generated (its max_tokens, else the KV room the largest engine
+// leaves after its prompt) before it feeds the mean output length and the decode correction.
 func (r *Router) Complete(now time.Time, h Handle, outputTokens int) error {
 	t := r.at(now)
 	e, slot, err := r.dispatched(h)
 	if err != nil {
 		return err
 	}
-	if outputTokens > 0 {
+	limit := r.maxKV - e.prompt
+	if e.explicit {
+		limit = e.output
+	}
+	out := min(int64(max(outputTokens, 0)), max(limit, 1))
+	if out > 0 {
 		r.outN++
-		r.outSum += int64(outputTokens)
+		r.outSum += out
 	}
-	if e.phase == phaseDecoding && outputTokens >= 2 && e.predStep > 0 {
-		r.correct(&r.engines[e.decode], 1, (t-e.firstAt)/float64(outputTokens-1)/e.predStep)
+	if e.phase == phaseDecoding && !e.timedOut && out >= 2 && e.predStep > 0 {
+		r.correct(&r.engines[e.decode], 1, (t-e.firstAt)/float64(out-1)/e.predStep)
 	}
+	r.engines[r.destination(e)].failStreak = 0
 	r.counters.Completed++
 	r.finish(t, e, slot)
 	return nil
 }
 
-// Fail records a dispatched request that failed (engine error, upstream reset).
-func (r *Router) Fail(now time.Time, h Handle) error {
+// Fail records a dispatched request that failed. An upstream failure counts against the
+// engine the request was sent to: health.passive.consecutive_failures of them in a row eject
+// it from placement at once (TakeEjections reports it for the fleet).
+func (r *Router) Fail(now time.Time, h Handle, why Failure) error {
 	t := r.at(now)
 	e, slot, err := r.dispatched(h)
 	if err != nil {
 		return err
 	}
 	r.counters.Failed++
+	if why == FailUpstream {
+		r.failUpstream(t, r.destination(e))
+	}
 	r.finish(t, e, slot)
 	return nil
+}
+
+// failUpstream counts one upstream failure of an engine and ejects it at the threshold.
+func (r *Router) failUpstream(t float64, i int16) {
+	d := &r.engines[i]
+	d.failStreak++
+	if r.passive == 0 || d.failStreak < r.passive || d.ejected || !d.live {
+		return
+	}
+	d.ejected, d.live = true, false
+	r.counters.Ejections++
+	r.ejections = append(r.ejections, Ejection{Engine: d.id, Failures: d.failStreak, AtS: t})
+	r.updateFallback(t)
+	r.rebuildPools()
+	r.reproject(t)
+}
+
+// TakeEjections returns the engines passive health checking ejected since the last call. The
+// router already places nothing on them; the caller marks them failed in the fleet. The slice
+// is valid until the next call into the router.
+func (r *Router) TakeEjections() []Ejection {
+	out := r.ejections
+	r.ejections = r.ejections[:0]
+	return out
+}
+
+// Shutdown turns the router away from new work: every request still waiting is rejected
+// (ShuttingDown, through Ready) and so is every later offer. Dispatched requests keep their
+// residency until they end.
+func (r *Router) Shutdown(now time.Time) {
+	r.at(now)
+	r.closed = true
+	for r.waiting.len() > 0 {
+		h, _ := r.waiting.peek()
+		r.waiting.pop()
+		e, slot, err := r.lookup(h)
+		if err != nil || e.phase != phaseWaiting {
+			continue
+		}
+		r.unqueue(e)
+		r.awaitingOutput -= e.output
+		r.counters.Overflow.ShuttingDown++
+		r.release(slot)
+		r.outbox = append(r.outbox, Outcome{Handle: h, Status: Rejected, Code: ShuttingDown, RetryAfterS: 1})
+	}
 }
 
 // Cancel records a client cancel: a waiting request leaves the waiting set, an in-flight one
@@ -674,7 +785,7 @@ func (r *Router) Cancel(now time.Time, h Handle) error {
 	}
 	if e.phase == phaseWaiting {
 		r.unqueue(e)
-		r.awaitingOutput -= int64(e.output)
+		r.awaitingOutput -= e.output
 		r.counters.Cancelled.Waiting++
 		r.release(slot)
 		r.pump(t)
@@ -719,7 +830,7 @@ func (r *Router) Tick(now time.Time) {
 		}
 		r.waiting.pop()
 		r.unqueue(e)
-		r.awaitingOutput -= int64(e.output)
+		r.awaitingOutput -= e.output
 		r.counters.Overflow.WaitTimeout++
 		r.release(slot)
 		r.outbox = append(r.outbox, Outcome{Handle: h, Status: Rejected, Code: WaitTimeout})
@@ -731,7 +842,12 @@ func (r *Router) Tick(now time.Time) {
 			if e.dispatchAt+r.cfg.FirstTokenTimeoutS > t {
 				break
 			}
+			// The prefill engine stops holding a slot for it: the request counts as decoding
+			// (its stream and KV reservation stay on its decode engine until it ends), and it
+			// gives no correction samples.
 			r.counters.FirstTokenTimeouts++
+			e.timedOut = true
+			r.endPrefill(t, e, false)
 		}
 		r.inFlight.pop()
 	}
@@ -824,7 +940,7 @@ func (r *Router) Snapshot(now time.Time) Snapshot {
 		s.Engines[i] = EngineLoad{
 			ID: e.id, PrefillResidents: e.prefilling, DecodeResidents: e.streams,
 			BusyUntilS: max(0, e.busyUntil-t), Correction: Correction{Prefill: e.corr[0], Decode: e.corr[1]},
-			Fallback: i == int(r.fallback),
+			Fallback: i == int(r.fallback), Passive: Passive{ConsecutiveFailures: e.failStreak, Ejected: e.ejected},
 		}
 	}
 	if r.fallback >= 0 {

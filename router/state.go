@@ -31,8 +31,8 @@ type Retained struct {
 
 // Counters are the demand accounting counters (contract.md). In every snapshot:
 //
-//	offers   = invalid + admitted + overflow (all but wait_timeout)
-//	admitted = retained.waiting + dispatched + overflow.wait_timeout + cancelled.waiting
+//	offers   = invalid + admitted + overflow (all but wait_timeout and shutting_down)
+//	admitted = retained.waiting + dispatched + overflow.wait_timeout + overflow.shutting_down + cancelled.waiting
 //	dispatched = retained.prefilling + retained.decoding + completed + failed + cancelled.in_flight
 type Counters struct {
 	Offers             uint64     `json:"offers"`
@@ -44,6 +44,10 @@ type Counters struct {
 	Failed             uint64     `json:"failed"`
 	Cancelled          Cancelled  `json:"cancelled"`
 	FirstTokenTimeouts uint64     `json:"first_token_timeouts"`
+	// ContextLengthExceeded counts offers answered 400 context_length_exceeded (also in Invalid).
+	ContextLengthExceeded uint64 `json:"context_length_exceeded"`
+	// Ejections counts engines taken out of placement by passive health checking.
+	Ejections uint64 `json:"ejections"`
 }
 
 // Overflow counts offers turned away, by reason.
@@ -53,6 +57,9 @@ type Overflow struct {
 	FallbackBusy     uint64 `json:"fallback_busy"`
 	NoCapacity       uint64 `json:"no_capacity"`
 	WaitTimeout      uint64 `json:"wait_timeout"`
+	// ShuttingDown counts admitted requests answered 503 shutting_down: still waiting when the
+	// shutdown grace ran out, or offered after it.
+	ShuttingDown uint64 `json:"shutting_down"`
 }
 
 func (o *Overflow) add(c Code) {
@@ -67,6 +74,8 @@ func (o *Overflow) add(c Code) {
 		o.NoCapacity++
 	case WaitTimeout:
 		o.WaitTimeout++
+	case ShuttingDown:
+		o.ShuttingDown++
 	}
 }
 
@@ -93,6 +102,14 @@ type EngineLoad struct {
 	BusyUntilS       float64    `json:"busy_until_s"` // projected prefill work left, seconds from now
 	Correction       Correction `json:"correction"`
 	Fallback         bool       `json:"fallback,omitempty"`
+	Passive          Passive    `json:"passive"`
+}
+
+// Passive is one engine's passive health: upstream failures in a row on the data path, and
+// whether they ejected it (out of placement until the fleet marks it failed).
+type Passive struct {
+	ConsecutiveFailures int  `json:"consecutive_failures"`
+	Ejected             bool `json:"ejected"`
 }
 
 // Correction is an engine's online profile correction factor per phase (1 = as profiled).
@@ -116,8 +133,8 @@ func (s *Snapshot) Conserved() string {
 	if c.Offers != c.Invalid+c.Admitted+o.WaitingSetFull+o.PredictedSLOMiss+o.FallbackBusy+o.NoCapacity {
 		return "offers != invalid + admitted + overflow"
 	}
-	if c.Admitted != uint64(s.Retained.Waiting)+c.Dispatched.Total()+o.WaitTimeout+c.Cancelled.Waiting {
-		return "admitted != waiting + dispatched + wait_timeout + cancelled.waiting"
+	if c.Admitted != uint64(s.Retained.Waiting)+c.Dispatched.Total()+o.WaitTimeout+o.ShuttingDown+c.Cancelled.Waiting {
+		return "admitted != waiting + dispatched + wait_timeout + shutting_down + cancelled.waiting"
 	}
 	if c.Dispatched.Total() != uint64(s.Retained.Prefilling+s.Retained.Decoding)+c.Completed+c.Failed+c.Cancelled.InFlight {
 		return "dispatched != prefilling + decoding + completed + failed + cancelled.in_flight"

@@ -42,6 +42,13 @@ const (
 	FallbackBusy
 	NoCapacity
 	WaitTimeout
+	// ContextLengthExceeded: the prompt, with the request's max_tokens, needs more KV tokens
+	// than any engine of the fleet holds; the request could never be placed (a 400, counted
+	// as invalid).
+	ContextLengthExceeded
+	// ShuttingDown: Narwhal is stopping; the request was still waiting when the shutdown grace
+	// ran out, or arrived after (a 503 with retry-after).
+	ShuttingDown
 )
 
 func (c Code) String() string {
@@ -56,6 +63,10 @@ func (c Code) String() string {
 		return "no_capacity"
 	case WaitTimeout:
 		return "wait_timeout"
+	case ContextLengthExceeded:
+		return "context_length_exceeded"
+	case ShuttingDown:
+		return "shutting_down"
 	}
 	return "unknown"
 }
@@ -65,10 +76,12 @@ func (c Code) Status() int {
 	switch c {
 	case WaitingSetFull, PredictedSLOMiss, FallbackBusy:
 		return 429
-	case NoCapacity:
+	case NoCapacity, ShuttingDown:
 		return 503
 	case WaitTimeout:
 		return 504
+	case ContextLengthExceeded:
+		return 400
 	}
 	return 500
 }
@@ -116,7 +129,31 @@ type Outcome struct {
 	Status      Status
 	Placement   Placement // when Dispatched
 	Code        Code      // when Rejected
-	RetryAfterS int       // when Rejected with a 429: seconds the client should wait
+	RetryAfterS int       // when Rejected with a 429 or ShuttingDown: seconds the client should wait
+	// Need and Limit, for ContextLengthExceeded: the KV tokens the request needs (prompt plus
+	// max_tokens) and the most any engine of the fleet holds.
+	Need, Limit int64
+}
+
+// Failure says what a failed request tells of its engine.
+type Failure uint8
+
+// Failures.
+const (
+	// FailRequest: the response was an error that says nothing of the engine's health (a 4xx).
+	FailRequest Failure = iota + 1
+	// FailUpstream: the engine failed the request (a 5xx, or a reset that Envoy answered with
+	// one). health.passive.consecutive_failures of them in a row eject the engine.
+	FailUpstream
+)
+
+// Ejection is an engine taken out of placement by passive health checking: Failures upstream
+// failures in a row on the data path. The router stops placing on it at once; the edge marks
+// it failed in the fleet, and the health probes readmit it.
+type Ejection struct {
+	Engine   string
+	Failures int
+	AtS      float64 // seconds since the router started
 }
 
 // Trigger is an urgent-wake request for the controller: an admitted offer whose projected TTFT

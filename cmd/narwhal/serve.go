@@ -79,18 +79,21 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	})
 	reg := prometheus.NewRegistry()
 	metrics := admin.NewMetrics(reg, f, version)
-	live := router.NewLive(router.New(cfg, f.Snapshot(), start), time.Now, nil)
+	live := router.NewLive(router.New(cfg, f.Snapshot(), start), time.Now, router.Hooks{
+		Eject: func(e router.Ejection) { eject(f, e, log) },
+	})
 	admin.RegisterRouter(reg, live)
 	xds := envoy.NewServer(cfg.XDS.ClusterPrefix, f, log, reg)
 	xdsSrv := grpc.NewServer(envoy.ServerOptions()...)
 	xds.Register(xdsSrv)
 	adm := admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log,
 		Router: live, Sizing: sizer.Errors, XDS: xds})
-	grpcSrv := grpc.NewServer(extproc.GRPCServerOptions(cfg.Router)...)
+	grpcSrv := grpc.NewServer(extproc.GRPCServerOptions(cfg)...)
 	health := grpchealth.NewServer() // Envoy's ext_proc cluster health-checks over gRPC
 	healthpb.RegisterHealthServer(grpcSrv, health)
-	extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: live, Sizer: sizer,
-		Metrics: extproc.NewMetrics(reg), Logger: log}).Register(grpcSrv)
+	ext := extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: live, Sizer: sizer,
+		Metrics: extproc.NewMetrics(reg), Logger: log, StreamLimit: extproc.StreamLimit(cfg)})
+	ext.Register(grpcSrv)
 	adminSrv := &http.Server{Handler: adm, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 
 	prober := &controller.HTTPProber{
@@ -148,12 +151,20 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	health.Shutdown() // NOT_SERVING: Envoy's health check sees the drain
 	grace, cancelGrace := context.WithTimeout(context.Background(), config.Seconds(cfg.ShutdownGraceS))
 	defer cancelGrace()
-	// Stop admitting (new ext_proc streams are refused); let residents finish within the grace.
+	// Stop admitting (new ext_proc streams are refused); let residents finish, and waiting
+	// requests be placed, within the grace. Then every request still waiting is answered 503
+	// shutting_down before the server stops.
 	stopped := make(chan struct{})
 	go func() { grpcSrv.GracefulStop(); close(stopped) }()
 	select {
 	case <-stopped:
 	case <-grace.Done():
+		live.Shutdown()
+		answers, cancelAnswers := context.WithTimeout(context.Background(), answerGrace)
+		if err := ext.AwaitAnswers(answers); err != nil {
+			log.Warn("requests left without an answer at shutdown", "err", err)
+		}
+		cancelAnswers()
 		grpcSrv.Stop()
 		<-stopped
 	}
@@ -168,6 +179,21 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// answerGrace bounds how long, once the shutdown grace is over, Narwhal waits for the 503
+// replies of the requests it turned away to be sent.
+const answerGrace = 2 * time.Second
+
+// eject marks an engine that passive health checking took out of placement as failed; the
+// health probes readmit it.
+func eject(f *fleet.Fleet, e router.Ejection, log *slog.Logger) {
+	cause := fmt.Sprintf("passive: %d upstream failures in a row", e.Failures)
+	if _, err := f.SetLifecycle(e.Engine, fleet.Failed, time.Now(), cause); err != nil {
+		log.Warn("passive health ejection not applied", "engine", e.Engine, "err", err)
+		return
+	}
+	log.Warn("engine ejected by passive health checking", "engine", e.Engine, "failures", e.Failures)
 }
 
 // resolveAll resolves every engine's host name once before serving; the health monitor
