@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -63,9 +64,51 @@ type Server struct {
 	active  atomic.Int64 // streams being served
 
 	// unanswered counts the streams whose request has no routing answer yet (placement,
-	// rejection, or pass-through); answered is signalled when it drops.
+	// rejection, or pass-through); changed is signalled when it or active drops.
 	unanswered atomic.Int64
-	answered   chan struct{}
+	changed    signal
+}
+
+// signal wakes the goroutines waiting for a condition on the server's counters. It costs one
+// atomic load per notify while nobody waits.
+type signal struct {
+	waiters atomic.Int32
+	mu      sync.Mutex
+	ch      chan struct{} // closed by notify; nil when nobody waits
+}
+
+func (s *signal) notify() {
+	if s.waiters.Load() == 0 {
+		return
+	}
+	s.mu.Lock()
+	if s.ch != nil {
+		close(s.ch)
+		s.ch = nil
+	}
+	s.mu.Unlock()
+}
+
+// wait returns when cond holds (checked after every notify), or ctx's error.
+func (s *signal) wait(ctx context.Context, cond func() bool) error {
+	s.waiters.Add(1)
+	defer s.waiters.Add(-1)
+	for {
+		s.mu.Lock()
+		if s.ch == nil {
+			s.ch = make(chan struct{})
+		}
+		ch := s.ch
+		s.mu.Unlock()
+		if cond() {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }
 
 // Options configure a Server.
@@ -92,7 +135,6 @@ func NewServer(o Options) *Server {
 	return &Server{
 		cfg: o.Router, placer: o.Placer, sizer: o.Sizer, parse: NewParseOptions(o.Router, o.Sizer),
 		metrics: o.Metrics, now: o.Now, log: o.Logger, limit: int64(o.StreamLimit),
-		answered: make(chan struct{}, 1),
 	}
 }
 
@@ -100,23 +142,22 @@ func NewServer(o Options) *Server {
 // ends. At shutdown, after the router turned every waiting request away (router.Live
 // Shutdown), it lets their 503 replies go out before the server stops.
 func (s *Server) AwaitAnswers(ctx context.Context) error {
-	for s.unanswered.Load() > 0 {
-		select {
-		case <-s.answered:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return nil
+	return s.changed.wait(ctx, func() bool { return s.unanswered.Load() == 0 })
 }
+
+// AwaitIdle waits until no stream is open (each has released what its request held), or ctx
+// ends.
+func (s *Server) AwaitIdle(ctx context.Context) error {
+	return s.changed.wait(ctx, func() bool { return s.active.Load() == 0 })
+}
+
+// Streams is the number of ext_proc streams being served.
+func (s *Server) Streams() int64 { return s.active.Load() }
 
 // answer records that one stream's request has its answer (or is gone).
 func (s *Server) answer() {
 	s.unanswered.Add(-1)
-	select {
-	case s.answered <- struct{}{}:
-	default:
-	}
+	s.changed.notify()
 }
 
 // Flow control of the ext_proc listener (docs/memory.md). Fixed windows turn off grpc-go's
@@ -149,13 +190,14 @@ func StreamLimit(cfg *config.Config) int {
 // GRPCServerOptions are the gRPC options the ext_proc listener needs: messages larger than
 // router.body_limit_bytes are received (so that an oversized body gets Narwhal's 413, not a gRPC
 // error), fixed flow-control windows bound what a stream buffers, and one connection may carry
-// up to StreamLimit streams (Envoy multiplexes requests on few connections).
+// more streams than StreamLimit (Envoy multiplexes requests on few connections), so that a
+// stream over the limit gets its 503 overloaded reply rather than waiting for a stream slot.
 func GRPCServerOptions(cfg *config.Config) []grpc.ServerOption {
 	limit := int(cfg.Router.BodyLimitBytes) + 1<<20
 	return []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(limit),
 		grpc.MaxSendMsgSize(limit),
-		grpc.MaxConcurrentStreams(uint32(StreamLimit(cfg))),
+		grpc.MaxConcurrentStreams(uint32(StreamLimit(cfg) + StreamMargin)),
 		grpc.InitialWindowSize(StreamWindow),
 		grpc.InitialConnWindowSize(ConnWindow),
 		grpc.MaxHeaderListSize(MaxHeaderList),
@@ -169,7 +211,7 @@ func (s *Server) Register(g *grpc.Server) { extprocv3.RegisterExternalProcessorS
 // machine, send its replies. io.EOF and cancellation are normal ends (Envoy is done, or the
 // client or upstream went away); whatever the request holds is released.
 func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
-	defer s.active.Add(-1)
+	defer func() { s.active.Add(-1); s.changed.notify() }()
 	if n := s.active.Add(1); s.limit > 0 && n > s.limit {
 		return s.refuse(ps)
 	}
