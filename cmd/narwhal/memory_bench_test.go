@@ -45,7 +45,7 @@ func BenchmarkServeMemory(b *testing.B) {
 			startEngine(b, a, []string{"prefill", "decode"}[k])
 		}
 		cfg := fmt.Sprintf(`listen: {admin: %q, extproc: %q, xds: %q}
-router: {waiting_set: {capacity: %d, max_wait_s: 600}}
+router: {waiting_set: {capacity: %d, max_wait_s: 600}, first_token_timeout_s: 3600}
 profiles:
   big:
     prefill: {base_s: 0.0165, per_token_s: 1.52e-5, per_token2_s: 4.21e-10, max_tokens: 16384}

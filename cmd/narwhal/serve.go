@@ -165,6 +165,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 			log.Warn("requests left without an answer at shutdown", "err", err)
 		}
 		cancelAnswers()
+		// grpc-go queues replies and has no flush: Stop drops what its writers hold. Let them
+		// write the 503s first.
+		time.Sleep(flushPause)
 		grpcSrv.Stop()
 		<-stopped
 	}
@@ -184,6 +187,10 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 // answerGrace bounds how long, once the shutdown grace is over, Narwhal waits for the 503
 // replies of the requests it turned away to be sent.
 const answerGrace = 2 * time.Second
+
+// flushPause is how long Narwhal lets the transport write the replies it queued before it
+// closes the ext_proc connections.
+const flushPause = 200 * time.Millisecond
 
 // eject marks an engine that passive health checking took out of placement as failed; the
 // health probes readmit it.
