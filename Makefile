@@ -7,7 +7,7 @@ LDFLAGS     := -s -w -X main.version=$(VERSION)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 TEST_FLAGS  ?= -race -count=1 -timeout=30m
 
-.PHONY: all build run test lint fmt vet staticcheck bench clean
+.PHONY: all build run test lint fmt vet staticcheck bench fuzz check-long clean
 
 all: build
 
@@ -38,6 +38,19 @@ staticcheck: $(BIN)/staticcheck
 # Hot-path benchmarks (figures in docs/benchmarks.md).
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
+
+# Fuzz the request parser (differentially against encoding/json) and the SSE observer,
+# FUZZTIME each (docs/benchmarks.md); new interesting inputs stay in Go's fuzz cache.
+FUZZTIME ?= 10m
+fuzz:
+	$(GO) test -run='^$$' -fuzz='^FuzzParseRequest$$' -fuzztime=$(FUZZTIME) ./extproc
+	$(GO) test -run='^$$' -fuzz='^FuzzResponseObserver$$' -fuzztime=$(FUZZTIME) ./extproc
+
+# The property tests at length: 10,000 router sequences and 30,000 sequences of random
+# ext_proc streams through the real server.
+check-long:
+	$(GO) test -race -count=1 -run='^TestConservationProperty$$' ./router -rapid.checks=10000
+	$(GO) test -race -count=1 -run='^TestStreamsProperty$$' ./extproc -rapid.checks=10000
 
 clean:
 	rm -rf $(BIN)

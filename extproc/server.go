@@ -166,7 +166,7 @@ func (s *Server) answer() {
 // stream. A message larger than the window still flows at full speed once the stream reads
 // it: grpc-go widens the window for the message being read.
 const (
-	StreamWindow  = 256 << 10
+	StreamWindow  = 64 << 10
 	ConnWindow    = 4 << 20
 	MaxHeaderList = 256 << 10 // gRPC request metadata; Envoy sends a few hundred bytes
 	// StreamMargin is what StreamLimit allows beyond the waiting set and the engines' decode

@@ -19,7 +19,7 @@ import (
 
 // sequencesPerCheck: each rapid check runs this many sequences of concurrent streams, so that
 // make test runs a few hundred (rapid's default 100 checks) and `make check-long`
-// (-rapid.checks=3500) over 10,000.
+// (-rapid.checks=10000) 30,000.
 const sequencesPerCheck = 3
 
 // TestStreamsProperty (issue 7) drives the real ext_proc server over gRPC with random whole

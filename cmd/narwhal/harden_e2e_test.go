@@ -195,9 +195,10 @@ const gcHeadroom = 2
 
 // perStreamBound is docs/memory.md's bound on what one stream that never reads makes the
 // server hold, for messages of chunk bytes: its unread receive window, the message being
-// decoded and the reply being sent, the write quota of replies queued, and the stream's own
-// state (goroutine stack and transport).
+// decoded and the reply being sent, grpc-go's write quota of queued replies (64 KiB) twice —
+// the replies' encoded bytes and the request bodies they echo —, and the stream's own state
+// (goroutine stack and transport).
 func perStreamBound(chunk int) int {
 	const writeQuota, streamState = 64 << 10, 32 << 10
-	return extproc.StreamWindow + 2*chunk + writeQuota + streamState
+	return extproc.StreamWindow + 2*chunk + 2*writeQuota + streamState
 }
