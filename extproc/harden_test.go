@@ -51,25 +51,9 @@ func newHarness(t testing.TB, mode envoytest.Mode, tweak func(*config.Config), r
 	for i, role := range roles {
 		cfg.Engines = append(cfg.Engines, config.Engine{ID: fmt.Sprintf("e%d", i+1), Address: fmt.Sprintf("10.9.0.%d:8000", i+1), Role: role, Profile: "fast"})
 	}
-	if tweak != nil {
-		tweak(cfg)
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	f, err := fleet.New(cfg, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &harness{t: t, cfg: cfg, fleet: f}
-	h.live = router.NewLive(router.New(cfg, f.Snapshot(), time.Now()), time.Now, router.Hooks{
-		Eject: func(e router.Ejection) { _, _ = f.SetLifecycle(e.Engine, fleet.Failed, time.Now(), "passive") },
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = h.live.Run(ctx) })
-	wg.Go(func() { h.live.Follow(ctx, f) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	h := &harness{t: t, cfg: cfg}
+	h.fleet, h.live = startRouter(t, cfg, tweak)
+	var err error
 	if h.sizer, err = extproc.NewSizer(cfg.Router.Sizing); err != nil {
 		t.Fatal(err)
 	}
@@ -82,6 +66,31 @@ func newHarness(t testing.TB, mode envoytest.Mode, tweak func(*config.Config), r
 	t.Cleanup(func() { _ = h.conn.Close() })
 	h.client = envoytest.NewTestClient(t, h.addr, mode)
 	return h
+}
+
+// startRouter applies tweak to cfg, validates it, and runs its fleet and a live router until
+// the test ends. Passive-health ejections mark the engine failed, as narwhal serve does.
+func startRouter(t testing.TB, cfg *config.Config, tweak func(*config.Config)) (*fleet.Fleet, *router.Live) {
+	t.Helper()
+	if tweak != nil {
+		tweak(cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := fleet.New(cfg, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := router.NewLive(router.New(cfg, f.Snapshot(), time.Now()), time.Now, router.Hooks{
+		Eject: func(e router.Ejection) { _, _ = f.SetLifecycle(e.Engine, fleet.Failed, time.Now(), "passive") },
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = live.Run(ctx) })
+	wg.Go(func() { live.Follow(ctx, f) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return f, live
 }
 
 // idle waits until the server has closed every stream, then returns the router's snapshot

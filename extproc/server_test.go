@@ -81,23 +81,7 @@ func newFixture(t *testing.T, mode envoytest.Mode, tweak func(*config.Config), r
 		fx.addr[id] = strings.TrimPrefix(srv.URL, "http://")
 		cfg.Engines = append(cfg.Engines, config.Engine{ID: id, Address: fx.addr[id], Role: role, Profile: "fast"})
 	}
-	if tweak != nil {
-		tweak(cfg)
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	f, err := fleet.New(cfg, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	fx.fleet = f
-	fx.live = router.NewLive(router.New(cfg, f.Snapshot(), time.Now()), time.Now, router.Hooks{})
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = fx.live.Run(ctx) })
-	wg.Go(func() { fx.live.Follow(ctx, f) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	fx.fleet, fx.live = startRouter(t, cfg, tweak)
 	sizer, err := extproc.NewSizer(cfg.Router.Sizing)
 	if err != nil {
 		t.Fatal(err)

@@ -239,7 +239,7 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 	}
 	out, explicit := int64(o.MaxTokens), o.MaxTokens > 0
 	if !explicit { // an estimate never makes a request unplaceable
-		out = min(r.expectedOutput(), r.maxKV-prompt)
+		out = max(1, min(r.expectedOutput(), r.maxKV-prompt))
 	}
 	need := prompt + out
 	var (
