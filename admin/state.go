@@ -56,7 +56,8 @@ type EngineState struct {
 	RoleSince        string            `json:"role_since"`
 	LifecycleSince   string            `json:"lifecycle_since"`
 	PrefillResidents int               `json:"prefill_residents"`
-	DecodeResidents  int               `json:"decode_residents"`
+	DecodeResidents  int               `json:"decode_residents"` // streams decoding on it now
+	ReservedStreams  int               `json:"reserved_streams"` // streams placed on it still prefilling elsewhere
 	BusyUntilS       float64           `json:"busy_until_s"`
 	Correction       router.Correction `json:"correction"`
 	Passive          router.Passive    `json:"passive"` // passive health: upstream failures in a row, ejected
@@ -83,7 +84,7 @@ func fleetState(st *State, snap *fleet.Snapshot, loads []router.EngineLoad) {
 	for _, e := range snap.Engines {
 		es := engineState(&e)
 		if l := byID[e.ID]; l != nil {
-			es.PrefillResidents, es.DecodeResidents = l.PrefillResidents, l.DecodeResidents
+			es.PrefillResidents, es.DecodeResidents, es.ReservedStreams = l.PrefillResidents, l.DecodeResidents, l.ReservedStreams
 			es.BusyUntilS, es.Correction, es.Passive = l.BusyUntilS, l.Correction, l.Passive
 		}
 		st.Engines = append(st.Engines, es)

@@ -76,17 +76,26 @@ func (d *demand) expire(now float64) {
 	d.long.start -= drop
 }
 
-func (w *window) rates() Rates {
+// rates divides the window's sums by the time it actually covers at now (seconds since the
+// router started): the horizon, or less while the router is younger than it, so that under
+// constant load the short and long estimates agree from the start (issue 8). The time covered
+// is at least minCoveredS (or the horizon, if shorter), so that the first arrivals do not read
+// as a burst.
+func (w *window) rates(now float64) Rates {
+	covered := min(w.horizon, max(now, min(w.horizon, minCoveredS)))
 	return Rates{
-		ArrivalsPerS:     float64(w.n) / w.horizon,
-		PromptTokensPerS: float64(w.prompt) / w.horizon,
-		OutputTokensPerS: float64(w.output) / w.horizon,
+		ArrivalsPerS:     float64(w.n) / covered,
+		PromptTokensPerS: float64(w.prompt) / covered,
+		OutputTokensPerS: float64(w.output) / covered,
 	}
 }
+
+// minCoveredS is the shortest time a demand estimate is averaged over.
+const minCoveredS = 1.0
 
 // estimate returns the short, long and priced demand at now (after expiring old samples).
 func (d *demand) estimate(now float64) Demand {
 	d.expire(now)
-	s, l := d.short.rates(), d.long.rates()
+	s, l := d.short.rates(now), d.long.rates(now)
 	return Demand{Short: s, Long: l, Priced: s.Max(l)}
 }

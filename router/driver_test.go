@@ -155,6 +155,12 @@ func (d *driver) init(td *datadriven.TestData) {
 			cfg.Profiles[config.DefaultProfileName] = p
 		case "affinity":
 			cfg.Router.PrefixAffinity.Enabled = v == "true"
+		case "max_streams":
+			p := cfg.Profiles[config.DefaultProfileName]
+			dc := *p.Decode
+			dc.MaxStreams = int(f)
+			p.Decode = &dc
+			cfg.Profiles[config.DefaultProfileName] = p
 		case "first_token_timeout":
 			cfg.Router.FirstTokenTimeoutS = f
 		case "passive":
@@ -280,6 +286,9 @@ func (d *driver) state(b *strings.Builder) {
 	fmt.Fprintf(b, "retained=%+v\n", s.Retained)
 	for _, e := range s.Engines {
 		fmt.Fprintf(b, "%s: prefill=%d decode=%d busy=%.3f corr=%.3f/%.3f", e.ID, e.PrefillResidents, e.DecodeResidents, e.BusyUntilS, e.Correction.Prefill, e.Correction.Decode)
+		if e.ReservedStreams > 0 {
+			fmt.Fprintf(b, " reserved=%d", e.ReservedStreams)
+		}
 		if e.Fallback {
 			b.WriteString(" fallback")
 		}

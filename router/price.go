@@ -23,6 +23,10 @@ type Pricing struct {
 	ProbeTTFT float64
 }
 
+// ProbePromptTokens sizes the probe request of Price when no demand has been seen yet (a
+// typical chat prompt); otherwise the probe has the mean prompt of the priced demand.
+const ProbePromptTokens = 512
+
 // CurrentSplit is the live split: live prefill engines and live decode engines, in fleet order.
 func (r *Router) CurrentSplit() Split {
 	var s Split
@@ -95,14 +99,20 @@ func (r *Router) Price(now time.Time, s Split, stepS float64) Pricing {
 		worstTTFT = max(worstTTFT, schedule(int(e.prompt), e.arrival)+kv+step-e.arrival)
 	}
 	d := r.demand.estimate(t).Priced
-	meanPrompt := r.cfg.DefaultOutputTokens // fallback size when no demand was seen
+	meanPrompt := ProbePromptTokens
 	if d.ArrivalsPerS > 0 {
+		// The priced demand of the next stepS seconds, in expectation: a request of the mean
+		// prompt every 1/λ, then the fractional rest as one request of that fraction of the
+		// mean prompt (1.9 req/s over 0.5 s injects 0.95 of a request, not none).
 		meanPrompt = max(1, int(d.PromptTokensPerS/d.ArrivalsPerS))
-		if n := int(d.ArrivalsPerS * stepS); n > 0 {
-			gap := stepS / float64(n)
-			for k := 0; k < n; k++ {
-				schedule(meanPrompt, t+float64(k)*gap)
-			}
+		expected := d.ArrivalsPerS * stepS
+		gap := 1 / d.ArrivalsPerS
+		k := 0
+		for ; float64(k+1) <= expected; k++ {
+			schedule(meanPrompt, t+float64(k)*gap)
+		}
+		if frac := expected - float64(k); frac > 0 {
+			schedule(max(1, int(frac*float64(meanPrompt))), t+float64(k)*gap)
 		}
 	}
 	probeAt := t + stepS

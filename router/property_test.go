@@ -145,7 +145,7 @@ func TestConservationProperty(t *testing.T) {
 		}
 		for i := range r.engines {
 			e := &r.engines[i]
-			if e.prefilling != 0 || e.streams != 0 || e.kv != 0 || e.queued != 0 || math.Abs(e.waitWork) > 1e-9 {
+			if e.prefilling != 0 || e.streams != 0 || e.decoding != 0 || e.kv != 0 || e.queued != 0 || math.Abs(e.waitWork) > 1e-9 {
 				rt.Fatalf("engine %s leaked: %+v", e.id, *e)
 			}
 		}

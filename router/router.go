@@ -72,7 +72,8 @@ type engine struct {
 	queued     float64 // projected prefill seconds of those residents
 	busyUntil  float64 // projected end of the prefill work dispatched here
 	waitWork   float64 // projected prefill seconds of waiting requests the projection assigned here
-	streams    int     // decode residents: dispatched with this decode engine, not finished
+	streams    int     // streams placed with this decode engine, not finished (decoding or reserved)
+	decoding   int     // those of them decoding here now (first token seen); the rest still prefill elsewhere
 	kv         int64   // KV tokens they reserve
 	failStreak int     // upstream failures in a row of requests sent to this engine
 	ejected    bool    // passive health took it out of placement; cleared once the fleet agrees
@@ -503,8 +504,8 @@ func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64) (plan,
 	pl := plan{p: -1, d: -1, need: need}
 	if r.fallback >= 0 {
 		fb := &r.engines[r.fallback]
-		if r.fallbackPending > 0 || fb.prefilling >= fb.prof.PrefillConcurrency {
-			return pl, false
+		if r.fallbackPending > 0 || fb.prefilling >= fb.prof.PrefillConcurrency || !fb.fits(need) {
+			return pl, false // capacity holds on the fallback as everywhere (issue 8)
 		}
 		pl.p, pl.d = int(r.fallback), int(r.fallback)
 		pl.dur, pl.start = fb.prefillSeconds(prompt), max(t, fb.busyUntil)
@@ -667,6 +668,7 @@ func (r *Router) endPrefill(t float64, e *entry, observed bool) {
 		}
 	}
 	e.phase, e.firstAt = phaseDecoding, t
+	r.engines[e.decode].decoding++
 	r.nPrefilling--
 	r.nDecoding++
 	r.awaitingOutput -= e.output
@@ -803,6 +805,7 @@ func (r *Router) finish(t float64, e *entry, slot int32) {
 	}
 	d := &r.engines[e.decode]
 	d.streams--
+	d.decoding--
 	d.kv -= e.kv
 	r.nDecoding--
 	if e.decode == r.fallback && e.seq < r.fallbackSeq && r.fallbackPending > 0 {
@@ -938,7 +941,7 @@ func (r *Router) Snapshot(now time.Time) Snapshot {
 	for i := range r.engines {
 		e := &r.engines[i]
 		s.Engines[i] = EngineLoad{
-			ID: e.id, PrefillResidents: e.prefilling, DecodeResidents: e.streams,
+			ID: e.id, PrefillResidents: e.prefilling, DecodeResidents: e.decoding, ReservedStreams: e.streams - e.decoding,
 			BusyUntilS: max(0, e.busyUntil-t), Correction: Correction{Prefill: e.corr[0], Decode: e.corr[1]},
 			Fallback: i == int(r.fallback), Passive: Passive{ConsecutiveFailures: e.failStreak, Ejected: e.ejected},
 		}

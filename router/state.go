@@ -98,8 +98,9 @@ type Cancelled struct {
 type EngineLoad struct {
 	ID               string     `json:"id"`
 	PrefillResidents int        `json:"prefill_residents"`
-	DecodeResidents  int        `json:"decode_residents"`
-	BusyUntilS       float64    `json:"busy_until_s"` // projected prefill work left, seconds from now
+	DecodeResidents  int        `json:"decode_residents"` // streams decoding on it now
+	ReservedStreams  int        `json:"reserved_streams"` // streams placed on it still prefilling elsewhere
+	BusyUntilS       float64    `json:"busy_until_s"`     // projected prefill work left, seconds from now
 	Correction       Correction `json:"correction"`
 	Fallback         bool       `json:"fallback,omitempty"`
 	Passive          Passive    `json:"passive"`
