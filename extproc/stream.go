@@ -323,7 +323,7 @@ func (st *stream) place() {
 	req := &st.req
 	waitStart := st.s.now()
 	out, err := st.s.placer.Offer(st.ctx, router.Offer{
-		ID: st.id, PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, Prefix: st.req.PrefixHashes(),
+		ID: st.id, PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, NonStreaming: !req.Stream, Prefix: st.req.PrefixHashes(),
 	})
 	if out.Status != router.Dispatched || err != nil {
 		st.waited = st.s.now().Sub(waitStart)

@@ -198,6 +198,7 @@ func (d *driver) offer(td *datadriven.TestData, b *strings.Builder) {
 	td.ScanArgs(d.t, "id", &id)
 	td.ScanArgs(d.t, "tokens", &o.PromptTokens)
 	td.MaybeScanArgs(d.t, "max", &o.MaxTokens)
+	o.NonStreaming = td.HasArg("nostream")
 	o.ID = id
 	if td.HasArg("prefix") {
 		var p string

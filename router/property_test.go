@@ -87,7 +87,7 @@ func TestConservationProperty(t *testing.T) {
 			}
 			switch op {
 			case "offer":
-				o := r.Offer(now, Offer{ID: "r", PromptTokens: max(1, tokens("tokens", 20000)), MaxTokens: max(0, tokens("max", 500))})
+				o := r.Offer(now, Offer{ID: "r", PromptTokens: max(1, tokens("tokens", 20000)), MaxTokens: max(0, tokens("max", 500)), NonStreaming: rapid.Bool().Draw(rt, "nostream")})
 				if o.Status == Rejected {
 					if o.Handle != 0 || o.Code == 0 || (o.Code.Status() == 429 || o.Code == ShuttingDown) != (o.RetryAfterS > 0) ||
 						(o.Code == ContextLengthExceeded) != (o.Limit > 0 && o.Need > o.Limit) {

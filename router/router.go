@@ -44,6 +44,7 @@ type entry struct {
 	decode     int16
 	tailEngine int16 // the engine the waiting-set projection assigned, while waiting
 	explicit   bool  // output is the request's own max_tokens
+	nonStream  bool  // Offer.NonStreaming
 	timedOut   bool  // no first token within router.first_token_timeout_s
 	prompt     int64
 	output     int64 // expected output tokens
@@ -112,8 +113,9 @@ type Router struct {
 
 	slots    []entry
 	free     []int32
-	waiting  ring // admitted offers in arrival order (lazy removal)
-	inFlight ring // dispatched requests in dispatch order, for first-token timeouts
+	waiting  ring      // admitted offers in arrival order (lazy removal)
+	inFlight ring      // dispatched streaming requests in dispatch order, for first-token timeouts
+	unary    deadlines // dispatched non-streaming requests by projected prefill completion
 
 	nWaiting, nPrefilling, nDecoding int
 	waitingTokens, awaitingOutput    int64
@@ -275,7 +277,7 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 	r.demand.add(t, prompt, out)
 	slot := r.alloc()
 	e := &r.slots[slot]
-	*e = entry{gen: e.gen, phase: phaseAdmitted, prompt: prompt, output: out, explicit: explicit,
+	*e = entry{gen: e.gen, phase: phaseAdmitted, prompt: prompt, output: out, explicit: explicit, nonStream: o.NonStreaming,
 		arrival: t, id: o.ID, prefix: o.Prefix, prefill: -1, decode: -1, tailEngine: -1}
 	h := makeHandle(slot, e.gen)
 	r.awaitingOutput += out
@@ -567,7 +569,11 @@ func (r *Router) commit(t float64, slot int32, pl plan) Placement {
 		r.aff.record(e.prefix, int16(pl.p))
 	}
 	e.prefix = nil
-	r.inFlight.push(makeHandle(slot, e.gen))
+	if e.nonStream {
+		r.unary.push(pl.start+pl.dur, makeHandle(slot, e.gen))
+	} else {
+		r.inFlight.push(makeHandle(slot, e.gen))
+	}
 	return Placement{
 		Kind: kind, Prefill: pe.id, Decode: de.id, PrefillAddr: pe.addr, DecodeAddr: de.addr,
 		ProjectedTTFT: e.projFirst - e.arrival,
@@ -636,7 +642,7 @@ func (r *Router) FirstToken(now time.Time, h Handle) error {
 	if e.phase != phasePrefilling {
 		return ErrPhase
 	}
-	r.endPrefill(t, e, true)
+	r.endPrefill(t, e, !e.nonStream)
 	r.engines[r.destination(e)].failStreak = 0
 	r.pump(t)
 	return nil
@@ -706,7 +712,7 @@ func (r *Router) Complete(now time.Time, h Handle, outputTokens int) error {
 		r.outN++
 		r.outSum += out
 	}
-	if e.phase == phaseDecoding && !e.timedOut && out >= 2 && e.predStep > 0 {
+	if e.phase == phaseDecoding && !e.timedOut && !e.nonStream && out >= 2 && e.predStep > 0 {
 		r.correct(&r.engines[e.decode], 1, (t-e.firstAt)/float64(out-1)/e.predStep)
 	}
 	r.engines[r.destination(e)].failStreak = 0
@@ -854,12 +860,23 @@ func (r *Router) Tick(now time.Time) {
 		}
 		r.inFlight.pop()
 	}
+	for r.unary.len() > 0 { // non-streaming requests leave prefill at its projected end
+		d := r.unary.peek()
+		if e, _, err := r.lookup(d.h); err == nil && e.phase == phasePrefilling {
+			if d.at > t {
+				break
+			}
+			r.endPrefill(t, e, false)
+		}
+		r.unary.pop()
+	}
 	r.pump(t)
 }
 
 // NextDeadline is the earliest time at which Tick has work: the oldest waiting request's wait
-// limit or the oldest prefilling request's first-token limit. It drops requests that already
-// left those phases from the heads of its queues on the way.
+// limit, the oldest prefilling request's first-token limit, or the earliest projected prefill
+// end of a non-streaming request. It drops requests that already left those phases from the
+// heads of its queues on the way.
 func (r *Router) NextDeadline() (time.Time, bool) {
 	next := math.Inf(1)
 	for r.waiting.len() > 0 {
@@ -877,6 +894,14 @@ func (r *Router) NextDeadline() (time.Time, bool) {
 			break
 		}
 		r.inFlight.pop()
+	}
+	for r.unary.len() > 0 {
+		d := r.unary.peek()
+		if e, _, err := r.lookup(d.h); err == nil && e.phase == phasePrefilling {
+			next = min(next, d.at)
+			break
+		}
+		r.unary.pop()
 	}
 	if math.IsInf(next, 1) {
 		return time.Time{}, false

@@ -26,6 +26,10 @@ type Offer struct {
 	ID           string // Narwhal's request id (Envoy's x-request-id when present)
 	PromptTokens int
 	MaxTokens    int // the request's max_tokens / max_completion_tokens; 0 when unset
+	// NonStreaming is a request with "stream": false: its response comes whole, so no first
+	// token is observed. Its prefill residency ends at its projected prefill completion; it
+	// has no first-token timeout and gives no correction samples.
+	NonStreaming bool
 	// Prefix holds the chained hashes of the prompt's prefix blocks (router.prefix_affinity
 	// .block_tokens tokens each), for prefix affinity. The router keeps the slice until the
 	// request is dispatched; the caller must not change it before then.
