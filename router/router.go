@@ -18,11 +18,17 @@ import (
 	"github.com/narwhal-llm/narwhal/fleet"
 )
 
-// Bounds of the online profile correction (role-control.md section 4).
+// The online profile correction (role-control.md section 4): each sample is an observed/curve
+// factor, folded in with weight correctionEWMA and clamped to [minCorrection, maxCorrection].
+// Without samples a factor decays toward 1, halfway every correctionHalfLifeS (applied every
+// decayEveryS), so that a factor that keeps its engine from getting traffic cannot starve it
+// for long: from the bound 4 it is within 10% of 1 after about 5 half-lives.
 const (
-	minCorrection  = 0.25
-	maxCorrection  = 4
-	correctionEWMA = 0.2
+	minCorrection       = 0.25
+	maxCorrection       = 4
+	correctionEWMA      = 0.2
+	correctionHalfLifeS = 30.0
+	decayEveryS         = 1.0
 )
 
 type phase uint8
@@ -54,7 +60,9 @@ type entry struct {
 	firstAt    float64
 	dur        float64 // projected prefill seconds on its prefill engine
 	projFirst  float64 // projected first-token time
-	predStep   float64 // projected decode step seconds when dispatched
+	handoff    float64 // projected seconds from prefill end to the first token: kv transfer + one decode step
+	curveDur   float64 // the prefill curve's seconds for it, uncorrected
+	curveStep  float64 // the decode curve's step seconds when dispatched, uncorrected
 	tailDur    float64 // projected prefill seconds on tailEngine
 	kv         int64   // KV tokens reserved on the decode engine
 	id         string
@@ -76,6 +84,7 @@ type engine struct {
 	streams    int     // streams placed with this decode engine, not finished (decoding or reserved)
 	decoding   int     // those of them decoding here now (first token seen); the rest still prefill elsewhere
 	kv         int64   // KV tokens they reserve
+	prefillEnd float64 // when its last observed prefill ended (first token less the handoff)
 	failStreak int     // upstream failures in a row of requests sent to this engine
 	ejected    bool    // passive health took it out of placement; cleared once the fleet agrees
 }
@@ -120,9 +129,10 @@ type Router struct {
 	nWaiting, nPrefilling, nDecoding int
 	waitingTokens, awaitingOutput    int64
 
-	maxKV   int64 // the most KV tokens any engine holds: a request needing more can never be placed
-	passive int   // health.passive.consecutive_failures (0: off)
-	closed  bool  // Shutdown ran: every offer is turned away
+	decayAt float64 // when the correction factors next decay toward 1
+	maxKV   int64   // the most KV tokens any engine holds: a request needing more can never be placed
+	passive int     // health.passive.consecutive_failures (0: off)
+	closed  bool    // Shutdown ran: every offer is turned away
 
 	counters  Counters
 	demand    demand
@@ -150,7 +160,7 @@ func New(cfg *config.Config, snap fleet.Snapshot, now time.Time) *Router {
 		cfg: cfg.Router, slo: cfg.SLO, epoch: now,
 		byID:     make(map[string]int16, len(snap.Engines)),
 		demand:   newDemand(cfg.Router.Demand.ShortHorizonS, cfg.Router.Demand.LongHorizonS),
-		fallback: -1,
+		fallback: -1, decayAt: decayEveryS,
 	}
 	for i, fe := range snap.Engines {
 		r.byID[fe.ID] = int16(i)
@@ -222,6 +232,7 @@ func (r *Router) Invalid() {
 func (r *Router) Offer(now time.Time, o Offer) Outcome {
 	t := r.at(now)
 	r.counters.Offers++
+	r.decay(t)
 	prompt := int64(max(o.PromptTokens, 0))
 	// The KV tokens it needs at least: its prompt and max_tokens, or one output token.
 	if need := addSat(prompt, int64(max(o.MaxTokens, 1))); r.maxKV > 0 && need > r.maxKV {
@@ -561,7 +572,9 @@ func (r *Router) commit(t float64, slot int32, pl plan) Placement {
 	e.phase, e.aggregate = phasePrefilling, kind == Aggregate
 	e.prefill, e.decode = int16(pl.p), int16(pl.d)
 	e.dispatchAt, e.dur, e.kv, e.projFirst = t, pl.dur, pl.need, pl.first
-	e.predStep = de.stepSeconds(de.streams, de.kv)
+	step := de.stepSeconds(de.streams, de.kv)
+	e.handoff = pl.first - pl.start - pl.dur
+	e.curveDur, e.curveStep = pl.dur/pe.corr[0], step/de.corr[1]
 	e.seq = r.seq
 	r.seq++
 	r.nPrefilling++
@@ -669,9 +682,14 @@ func (r *Router) endPrefill(t float64, e *entry, observed bool) {
 		p.busyUntil = t + p.queued
 	}
 	if observed {
-		if pred := e.projFirst - e.dispatchAt; pred > 0 {
-			r.correct(p, 0, (t-e.dispatchAt)/pred)
+		// Like with like: the prefill ran from when the engine was free of the prefill before
+		// it (an engine prefills in FIFO order) or its dispatch, to its first token less the
+		// handoff; the waiting on the engine is not prefill time.
+		end := t - e.handoff
+		if e.curveDur > 0 {
+			r.correct(p, 0, (end-max(e.dispatchAt, p.prefillEnd))/e.curveDur)
 		}
+		p.prefillEnd = max(p.prefillEnd, end)
 	}
 	e.phase, e.firstAt = phaseDecoding, t
 	r.engines[e.decode].decoding++
@@ -680,16 +698,31 @@ func (r *Router) endPrefill(t float64, e *entry, observed bool) {
 	r.awaitingOutput -= e.output
 }
 
-// correct folds one observed/predicted ratio into an engine's correction for a phase.
-func (r *Router) correct(e *engine, ph int, ratio float64) {
-	if math.IsNaN(ratio) || math.IsInf(ratio, 0) {
+// correct folds one observed/curve factor into an engine's correction for a phase.
+func (r *Router) correct(e *engine, ph int, factor float64) {
+	if math.IsNaN(factor) || math.IsInf(factor, 0) {
 		return
 	}
-	ratio = min(max(ratio, minCorrection), maxCorrection)
-	c := e.corr[ph]
-	c = (1-correctionEWMA)*c + correctionEWMA*c*ratio
+	factor = min(max(factor, minCorrection), maxCorrection)
+	c := (1-correctionEWMA)*e.corr[ph] + correctionEWMA*factor
 	e.corr[ph] = min(max(c, minCorrection), maxCorrection)
 	e.samples[ph]++
+}
+
+// decay moves every correction factor toward 1 for the time since the last decay; it runs at
+// most every decayEveryS.
+func (r *Router) decay(t float64) {
+	if t < r.decayAt {
+		return
+	}
+	k := math.Exp2(-(t - r.decayAt + decayEveryS) / correctionHalfLifeS)
+	r.decayAt = t + decayEveryS
+	for i := range r.engines {
+		for ph := range r.engines[i].corr {
+			c := &r.engines[i].corr[ph]
+			*c = 1 + (*c-1)*k
+		}
+	}
 }
 
 // Complete records the end of a dispatched request with outputTokens generated (0 when
@@ -712,8 +745,8 @@ func (r *Router) Complete(now time.Time, h Handle, outputTokens int) error {
 		r.outN++
 		r.outSum += out
 	}
-	if e.phase == phaseDecoding && !e.timedOut && !e.nonStream && out >= 2 && e.predStep > 0 {
-		r.correct(&r.engines[e.decode], 1, (t-e.firstAt)/float64(out-1)/e.predStep)
+	if e.phase == phaseDecoding && !e.timedOut && !e.nonStream && out >= 2 && e.curveStep > 0 {
+		r.correct(&r.engines[e.decode], 1, (t-e.firstAt)/float64(out-1)/e.curveStep)
 	}
 	r.engines[r.destination(e)].failStreak = 0
 	r.counters.Completed++
@@ -827,6 +860,7 @@ func (r *Router) finish(t float64, e *entry, slot int32) {
 func (r *Router) Tick(now time.Time) {
 	t := r.at(now)
 	r.demand.expire(t)
+	r.decay(t)
 	for r.waiting.len() > 0 {
 		h, _ := r.waiting.peek()
 		e, slot, err := r.lookup(h)
