@@ -57,12 +57,8 @@ func (r *Router) Price(now time.Time, s Split, stepS float64) Pricing {
 	dec := r.indices(s.Decode, func(e *engine) bool { return e.prof.Decode != nil })
 	free := make([]float64, len(pool))
 	drain := r.drainTimes(t)
-	for k, i := range pool {
-		e := &r.engines[i]
-		free[k] = max(t, e.busyUntil)
-		if e.role == fleet.Decode || e.streams > 0 {
-			free[k] = max(free[k], drain[i])
-		}
+	for k, i := range pool { // as prefillFree, for any engine of the candidate pool
+		free[k] = max(t, r.engines[i].busyUntil) + max(0, drain[i]-t)
 	}
 	kv, step := math.Inf(1), math.Inf(1)
 	if len(pool) > 0 {
@@ -174,19 +170,9 @@ func (r *Router) priceDecode(dec, prefill []int) float64 {
 func (r *Router) drainTimes(t float64) []float64 {
 	drain := make([]float64, len(r.engines))
 	for i := range r.slots {
-		e := &r.slots[i]
-		if e.phase != phasePrefilling && e.phase != phaseDecoding {
-			continue
+		if e := &r.slots[i]; e.phase == phasePrefilling || e.phase == phaseDecoding {
+			drain[e.decode] = max(drain[e.decode], r.residentEnd(t, e))
 		}
-		d := &r.engines[e.decode]
-		step := d.stepSeconds(d.streams, d.kv)
-		begin := max(e.projFirst, t)
-		left := float64(e.output)
-		if e.phase == phaseDecoding {
-			begin = t
-			left = max(1, left-(t-e.firstAt)/step)
-		}
-		drain[e.decode] = max(drain[e.decode], begin+left*step)
 	}
 	return drain
 }

@@ -50,6 +50,7 @@ type entry struct {
 	decode     int16
 	tailEngine int16 // the engine the waiting-set projection assigned, while waiting
 	explicit   bool  // output is the request's own max_tokens
+	mixed      bool  // its prefill engine still streamed decode residents at dispatch: no correction sample
 	nonStream  bool  // Offer.NonStreaming
 	timedOut   bool  // no first token within router.first_token_timeout_s
 	prompt     int64
@@ -79,7 +80,9 @@ type engine struct {
 	samples    [2]int
 	prefilling int     // prefill residents: dispatched here, no first token yet
 	queued     float64 // projected prefill seconds of those residents
-	busyUntil  float64 // projected end of the prefill work dispatched here
+	busyUntil  float64 // projected end of the prefill work dispatched here (prefill work only)
+	drainAt    float64 // projected end of its decode residents' work, while drainOK
+	drainOK    bool    // drainAt is current (reset whenever its residents change)
 	waitWork   float64 // projected prefill seconds of waiting requests the projection assigned here
 	streams    int     // streams placed with this decode engine, not finished (decoding or reserved)
 	decoding   int     // those of them decoding here now (first token seen); the rest still prefill elsewhere
@@ -212,7 +215,7 @@ func (r *Router) SetFleet(now time.Time, snap fleet.Snapshot) {
 				e.ejected, e.failStreak = false, 0
 			}
 		}
-		e.role, e.live, e.addr = fe.Role, live, fe.Addr
+		e.role, e.live, e.addr, e.drainOK = fe.Role, live, fe.Addr, false
 	}
 	r.updateFallback(t)
 	r.rebuildPools()
@@ -409,7 +412,7 @@ func (r *Router) projectTail(t float64, tokens int, prefix []uint64) (best int, 
 		i := int(i16)
 		e := &r.engines[i]
 		d := e.prefillSeconds(tokens - cached(i))
-		free := max(t, e.busyUntil)
+		free := r.prefillFree(t, i)
 		if i == int(r.fallback) && r.fallbackPending > 0 {
 			free = max(free, r.fallbackDrain, t+e.stepSeconds(e.streams, e.kv))
 		}
@@ -419,6 +422,43 @@ func (r *Router) projectTail(t float64, tokens int, prefix []uint64) (best int, 
 	}
 	r.resetPrefix()
 	return best, dur, done
+}
+
+// prefillFree is when engine i can start new prefill work (role-control.md section 3, one
+// projection for placement, admission, the urgent trigger and Price): after the prefill work
+// dispatched to it and, for a prefill engine that still streams decode residents (a donor just
+// moved from decode), their remaining decode work too — the sum of the two.
+func (r *Router) prefillFree(t float64, i int) float64 {
+	e := &r.engines[i]
+	free := max(t, e.busyUntil)
+	if e.streams == 0 || e.role != fleet.Prefill {
+		return free
+	}
+	if !e.drainOK {
+		e.drainAt, e.drainOK = t, true
+		for k := range r.slots {
+			if s := &r.slots[k]; int(s.decode) == i {
+				e.drainAt = max(e.drainAt, r.residentEnd(t, s))
+			}
+		}
+	}
+	return free + max(0, e.drainAt-t)
+}
+
+// residentEnd projects when a dispatched request finishes decoding on its decode engine: its
+// expected output tokens (less those already produced) at the engine's current step time.
+// Other entries give t.
+func (r *Router) residentEnd(t float64, e *entry) float64 {
+	if e.phase != phasePrefilling && e.phase != phaseDecoding {
+		return t
+	}
+	d := &r.engines[e.decode]
+	step := d.stepSeconds(d.streams, d.kv)
+	begin, left := max(e.projFirst, t), float64(e.output)
+	if e.phase == phaseDecoding {
+		begin, left = t, max(1, left-(t-e.firstAt)/step)
+	}
+	return begin + left*step
 }
 
 // matchPrefix looks the prefix up in the affinity index and returns the cached tokens per engine.
@@ -534,7 +574,7 @@ func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64) (plan,
 			continue
 		}
 		dd := c.prefillSeconds(prompt - cached(i))
-		if s := max(t, c.busyUntil); s+dd < done {
+		if s := r.prefillFree(t, i); s+dd < done {
 			pl.p, pl.dur, pl.start, done = i, dd, s, s+dd
 		}
 	}
@@ -559,9 +599,11 @@ func (r *Router) commit(t float64, slot int32, pl plan) Placement {
 	pe, de := &r.engines[pl.p], &r.engines[pl.d]
 	pe.prefilling++
 	pe.queued += pl.dur
-	pe.busyUntil = pl.start + pl.dur
+	pe.busyUntil = max(t, pe.busyUntil) + pl.dur
+	e.mixed = pe.streams > 0 && pl.p != pl.d
 	de.streams++
 	de.kv += pl.need
+	de.drainOK = false
 	kind := Disaggregated
 	if pl.p == pl.d {
 		kind = Aggregate
@@ -686,13 +728,14 @@ func (r *Router) endPrefill(t float64, e *entry, observed bool) {
 		// it (an engine prefills in FIFO order) or its dispatch, to its first token less the
 		// handoff; the waiting on the engine is not prefill time.
 		end := t - e.handoff
-		if e.curveDur > 0 {
+		if e.curveDur > 0 && !e.mixed {
 			r.correct(p, 0, (end-max(e.dispatchAt, p.prefillEnd))/e.curveDur)
 		}
 		p.prefillEnd = max(p.prefillEnd, end)
 	}
 	e.phase, e.firstAt = phaseDecoding, t
 	r.engines[e.decode].decoding++
+	r.engines[e.decode].drainOK = false
 	r.nPrefilling--
 	r.nDecoding++
 	r.awaitingOutput -= e.output
@@ -846,6 +889,7 @@ func (r *Router) finish(t float64, e *entry, slot int32) {
 	d.streams--
 	d.decoding--
 	d.kv -= e.kv
+	d.drainOK = false
 	r.nDecoding--
 	if e.decode == r.fallback && e.seq < r.fallbackSeq && r.fallbackPending > 0 {
 		r.fallbackPending--
@@ -1001,7 +1045,7 @@ func (r *Router) Snapshot(now time.Time) Snapshot {
 		e := &r.engines[i]
 		s.Engines[i] = EngineLoad{
 			ID: e.id, PrefillResidents: e.prefilling, DecodeResidents: e.decoding, ReservedStreams: e.streams - e.decoding,
-			BusyUntilS: max(0, e.busyUntil-t), Correction: Correction{Prefill: e.corr[0], Decode: e.corr[1]},
+			BusyUntilS: r.prefillFree(t, i) - t, Correction: Correction{Prefill: e.corr[0], Decode: e.corr[1]},
 			Fallback: i == int(r.fallback), Passive: Passive{ConsecutiveFailures: e.failStreak, Ejected: e.ejected},
 		}
 	}
