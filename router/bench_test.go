@@ -132,3 +132,31 @@ func BenchmarkMemory(b *testing.B) {
 		runtime.KeepAlive(r)
 	}
 }
+
+// BenchmarkPrice measures one Price of the current split (role-control.md section 3: the
+// waiting set and the priced demand of the next step list-scheduled onto the prefill pool, the
+// decode pool loaded with the waiting requests' streams) with waiting requests behind full
+// prefill engines. Offers arrive 100 a second, so the priced demand of a 5 s step injects
+// about 500 more.
+func BenchmarkPrice(b *testing.B) {
+	for _, n := range []int{8, 64, 1024} {
+		for _, waiting := range []int{100, 1000, 10000} {
+			b.Run(fmt.Sprintf("engines=%d/waiting=%d", n, waiting), func(b *testing.B) {
+				r := benchRouter(b, n)
+				now := epoch
+				for i := 0; r.Snapshot(now).Retained.Waiting < waiting; i++ {
+					now = now.Add(10 * time.Millisecond)
+					if o := r.Offer(now, Offer{ID: "r", PromptTokens: 512 + i%1024, MaxTokens: 64}); o.Status == Rejected {
+						b.Fatalf("rejected: %+v", o)
+					}
+				}
+				split := r.CurrentSplit()
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					_ = r.Price(now, split, 5)
+				}
+			})
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
 )
 
@@ -55,10 +56,12 @@ func (r *Router) Price(now time.Time, s Split, stepS float64) Pricing {
 	t := r.at(now)
 	pool := r.indices(s.Prefill, func(e *engine) bool { return e.prof.Prefill != nil })
 	dec := r.indices(s.Decode, func(e *engine) bool { return e.prof.Decode != nil })
-	free := make([]float64, len(pool))
 	drain := r.drainTimes(t)
-	for k, i := range pool { // as prefillFree, for any engine of the candidate pool
-		free[k] = max(t, r.engines[i].busyUntil) + max(0, drain[i]-t)
+	ps := &r.pricing.prefill
+	ps.reset()
+	for _, i := range pool { // as prefillFree, for any engine of the candidate pool
+		e := &r.engines[i]
+		ps.add(e.prof.Prefill, e.corr[0], max(t, e.busyUntil)+max(0, drain[i]-t), i)
 	}
 	kv, step := math.Inf(1), math.Inf(1)
 	if len(pool) > 0 {
@@ -72,20 +75,7 @@ func (r *Router) Price(now time.Time, s Split, stepS float64) Pricing {
 		step = math.Inf(1)
 	}
 
-	// schedule one request: the engine on which it completes first.
-	schedule := func(tokens int, arrival float64) float64 {
-		best, done := -1, math.Inf(1)
-		for k, i := range pool {
-			if c := max(free[k], arrival) + r.engines[i].prefillSeconds(tokens); c < done {
-				best, done = k, c
-			}
-		}
-		if best < 0 {
-			return math.Inf(1)
-		}
-		free[best] = done
-		return done
-	}
+	schedule := ps.schedule
 	worstTTFT := 0.0
 	for i := 0; i < r.waiting.len(); i++ {
 		e, _, err := r.lookup(r.waiting.at(i))
@@ -127,34 +117,28 @@ func (r *Router) priceDecode(dec, prefill []int) float64 {
 	if len(dec) == 0 {
 		return math.Inf(1)
 	}
-	streams := make([]int, len(dec))
-	kvs := make([]int64, len(dec))
-	for k, i := range dec {
-		streams[k], kvs[k] = r.engines[i].streams, r.engines[i].kv
+	ds := &r.pricing.decode
+	ds.reset(len(r.engines))
+	for _, i := range dec {
+		e := &r.engines[i]
+		ds.add(e.prof.Decode, e.corr[1], e.streams, e.kv, i)
 	}
 	for i := 0; i < r.waiting.len(); i++ {
 		e, _, err := r.lookup(r.waiting.at(i))
 		if err != nil || e.phase != phaseWaiting {
 			continue
 		}
-		need := int64(e.prompt) + int64(e.output)
-		best, bestStep := 0, math.Inf(1)
-		for k, j := range dec {
-			if s := r.engines[j].stepSeconds(streams[k]+1, kvs[k]+need); s < bestStep {
-				best, bestStep = k, s
-			}
-		}
-		streams[best]++
-		kvs[best] += need
+		ds.place(e.prompt + e.output)
 	}
 	worst := 0.0
-	for k, i := range dec {
+	for _, i := range dec {
 		e := &r.engines[i]
-		if streams[k] > e.prof.Decode.MaxStreams || kvs[k] > int64(e.prof.Decode.MaxKVTokens) {
+		streams, kv := ds.streams[i], ds.kv[i]
+		if streams > e.prof.Decode.MaxStreams || kv > int64(e.prof.Decode.MaxKVTokens) {
 			return math.Inf(1)
 		}
-		if streams[k] > 0 {
-			worst = max(worst, e.stepSeconds(streams[k], kvs[k]))
+		if streams > 0 {
+			worst = max(worst, e.stepSeconds(streams, kv))
 		}
 	}
 	for _, i := range prefill { // donors keep their residents until they drain
@@ -194,4 +178,138 @@ func (r *Router) indices(ids []string, can func(*engine) bool) []int {
 func (r *Router) Pressures(now time.Time, stepS float64) (prefill, decode float64) {
 	p := r.Price(now, r.CurrentSplit(), stepS)
 	return p.TTFTRatio, p.TPOTRatio
+}
+
+// Pricing list-schedules thousands of requests onto hundreds of engines, so each choice must
+// not scan the pool. Engines with the same curve and correction factors within
+// classWidth of each other form a class, priced with the factor of the class's first engine
+// (an error under 1%): within a class the engine that is free first (prefill) or least loaded
+// (decode) is the best, so a class is a heap, and one request costs O(classes + log pool).
+
+// classWidth is the relative width of a pricing class's correction factors.
+const classWidth = 0.01
+
+func classOf(corr float64) int64 { return int64(math.Round(math.Log(corr) / math.Log1p(classWidth))) }
+
+// pricing holds the schedulers' storage between calls (Price allocates nothing once grown).
+type pricing struct {
+	prefill prefillSched
+	decode  decodeSched
+}
+
+// prefillSched is the FIFO completion projection onto a prefill pool: each request goes to
+// the engine on which it completes first.
+type prefillSched struct{ classes []prefillClass }
+
+type prefillClass struct {
+	curve *config.PrefillCurve
+	class int64
+	corr  float64
+	free  minHeap // engines by the time they are free
+}
+
+func (p *prefillSched) reset() {
+	for i := range p.classes {
+		p.classes[i].free.reset()
+	}
+	p.classes = p.classes[:0]
+}
+
+func (p *prefillSched) add(curve *config.PrefillCurve, corr, free float64, engine int) {
+	k := classOf(corr)
+	for i := range p.classes {
+		if c := &p.classes[i]; c.curve == curve && c.class == k {
+			c.free.push(free, uint64(engine))
+			return
+		}
+	}
+	if len(p.classes) < cap(p.classes) {
+		p.classes = p.classes[:len(p.classes)+1]
+	} else {
+		p.classes = append(p.classes, prefillClass{})
+	}
+	c := &p.classes[len(p.classes)-1]
+	c.curve, c.class, c.corr = curve, k, corr
+	c.free.push(free, uint64(engine))
+}
+
+// schedule places one request of tokens arriving at arrival and returns when its prefill
+// completes (+Inf with no engine).
+func (p *prefillSched) schedule(tokens int, arrival float64) float64 {
+	best, done := -1, math.Inf(1)
+	for i := range p.classes {
+		c := &p.classes[i]
+		if end := max(c.free.peek().key, arrival) + c.curve.Seconds(max(tokens, 1))*c.corr; end < done {
+			best, done = i, end
+		}
+	}
+	if best >= 0 {
+		p.classes[best].free.fix(done)
+	}
+	return done
+}
+
+// decodeSched spreads streams over a decode pool as placement does: each to the engine with
+// the lowest step time for one more stream (within a class, the least loaded engine).
+type decodeSched struct {
+	classes []decodeClass
+	streams []int   // by engine index
+	kv      []int64 // by engine index
+}
+
+type decodeClass struct {
+	curve *config.DecodeCurve
+	class int64
+	corr  float64
+	load  minHeap // engines by per_stream_s·streams + per_kv_token_s·kv
+}
+
+func (d *decodeSched) reset(engines int) {
+	for i := range d.classes {
+		d.classes[i].load.reset()
+	}
+	d.classes = d.classes[:0]
+	if len(d.streams) < engines {
+		d.streams, d.kv = make([]int, engines), make([]int64, engines)
+	}
+}
+
+func (d *decodeSched) add(curve *config.DecodeCurve, corr float64, streams int, kv int64, engine int) {
+	d.streams[engine], d.kv[engine] = streams, kv
+	k := classOf(corr)
+	load := curve.PerStreamS*float64(streams) + curve.PerKVTokenS*float64(kv)
+	for i := range d.classes {
+		if c := &d.classes[i]; c.curve == curve && c.class == k {
+			c.load.push(load, uint64(engine))
+			return
+		}
+	}
+	if len(d.classes) < cap(d.classes) {
+		d.classes = d.classes[:len(d.classes)+1]
+	} else {
+		d.classes = append(d.classes, decodeClass{})
+	}
+	c := &d.classes[len(d.classes)-1]
+	c.curve, c.class, c.corr = curve, k, corr
+	c.load.push(load, uint64(engine))
+}
+
+// place adds one stream reserving need KV tokens where it steps fastest.
+func (d *decodeSched) place(need int64) {
+	best, bestStep := -1, math.Inf(1)
+	for i := range d.classes {
+		c := &d.classes[i]
+		load := c.load.peek().key + c.curve.PerStreamS + c.curve.PerKVTokenS*float64(need)
+		if s := (c.curve.BaseS + load) * c.corr; s < bestStep {
+			best, bestStep = i, s
+		}
+	}
+	if best < 0 {
+		return
+	}
+	c := &d.classes[best]
+	e := int(c.load.peek().id)
+	d.streams[e]++
+	d.kv[e] += need
+	c.load.fix(c.curve.PerStreamS*float64(d.streams[e]) + c.curve.PerKVTokenS*float64(d.kv[e]))
 }

@@ -36,22 +36,25 @@ func (q *ring) pop() {
 	q.size--
 }
 
-// deadlines is a min-heap of handles by time, for deadlines that do not come in dispatch order.
-// Removal is lazy, as in ring.
-type deadlines struct{ items []deadline }
+// minHeap is a binary min-heap of ids by key, without allocation once grown: deadlines of
+// handles that do not come in dispatch order (removal lazy, as in ring), and the engines of a
+// pricing class by their load.
+type minHeap struct{ items []heapItem }
 
-type deadline struct {
-	at float64
-	h  Handle
+type heapItem struct {
+	key float64
+	id  uint64
 }
 
-func (d *deadlines) len() int { return len(d.items) }
+func (d *minHeap) len() int { return len(d.items) }
 
-func (d *deadlines) push(at float64, h Handle) {
-	d.items = append(d.items, deadline{at, h})
+func (d *minHeap) reset() { d.items = d.items[:0] }
+
+func (d *minHeap) push(key float64, id uint64) {
+	d.items = append(d.items, heapItem{key, id})
 	for i := len(d.items) - 1; i > 0; {
 		p := (i - 1) / 2
-		if d.items[p].at <= d.items[i].at {
+		if d.items[p].key <= d.items[i].key {
 			break
 		}
 		d.items[p], d.items[i] = d.items[i], d.items[p]
@@ -59,18 +62,29 @@ func (d *deadlines) push(at float64, h Handle) {
 	}
 }
 
-func (d *deadlines) peek() deadline { return d.items[0] }
+func (d *minHeap) peek() heapItem { return d.items[0] }
 
-func (d *deadlines) pop() {
+func (d *minHeap) pop() {
 	n := len(d.items) - 1
 	d.items[0] = d.items[n]
 	d.items = d.items[:n]
-	for i := 0; ; {
+	d.down(0)
+}
+
+// fix sets the top's key and restores the order.
+func (d *minHeap) fix(key float64) {
+	d.items[0].key = key
+	d.down(0)
+}
+
+func (d *minHeap) down(i int) {
+	n := len(d.items)
+	for {
 		l, s := 2*i+1, i
-		if l < n && d.items[l].at < d.items[s].at {
+		if l < n && d.items[l].key < d.items[s].key {
 			s = l
 		}
-		if r := l + 1; r < n && d.items[r].at < d.items[s].at {
+		if r := l + 1; r < n && d.items[r].key < d.items[s].key {
 			s = r
 		}
 		if s == i {

@@ -125,9 +125,9 @@ type Router struct {
 
 	slots    []entry
 	free     []int32
-	waiting  ring      // admitted offers in arrival order (lazy removal)
-	inFlight ring      // dispatched streaming requests in dispatch order, for first-token timeouts
-	unary    deadlines // dispatched non-streaming requests by projected prefill completion
+	waiting  ring    // admitted offers in arrival order (lazy removal)
+	inFlight ring    // dispatched streaming requests in dispatch order, for first-token timeouts
+	unary    minHeap // dispatched non-streaming requests (handles) by projected prefill completion
 
 	nWaiting, nPrefilling, nDecoding int
 	waitingTokens, awaitingOutput    int64
@@ -150,6 +150,7 @@ type Router struct {
 	fallbackDrain   float64
 	seq             uint64
 
+	pricing pricing // Price's scratch space
 	outbox  []Outcome
 	trigger Trigger
 	urgent  bool
@@ -625,7 +626,7 @@ func (r *Router) commit(t float64, slot int32, pl plan) Placement {
 	}
 	e.prefix = nil
 	if e.nonStream {
-		r.unary.push(pl.start+pl.dur, makeHandle(slot, e.gen))
+		r.unary.push(pl.start+pl.dur, uint64(makeHandle(slot, e.gen)))
 	} else {
 		r.inFlight.push(makeHandle(slot, e.gen))
 	}
@@ -940,8 +941,8 @@ func (r *Router) Tick(now time.Time) {
 	}
 	for r.unary.len() > 0 { // non-streaming requests leave prefill at its projected end
 		d := r.unary.peek()
-		if e, _, err := r.lookup(d.h); err == nil && e.phase == phasePrefilling {
-			if d.at > t {
+		if e, _, err := r.lookup(Handle(d.id)); err == nil && e.phase == phasePrefilling {
+			if d.key > t {
 				break
 			}
 			r.endPrefill(t, e, false)
@@ -975,8 +976,8 @@ func (r *Router) NextDeadline() (time.Time, bool) {
 	}
 	for r.unary.len() > 0 {
 		d := r.unary.peek()
-		if e, _, err := r.lookup(d.h); err == nil && e.phase == phasePrefilling {
-			next = min(next, d.at)
+		if e, _, err := r.lookup(Handle(d.id)); err == nil && e.phase == phasePrefilling {
+			next = min(next, d.key)
 			break
 		}
 		r.unary.pop()
