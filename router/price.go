@@ -54,28 +54,9 @@ func (r *Router) Demand(now time.Time) Demand { return r.demand.estimate(r.at(no
 // requests, spread as placement spreads them, while residents stay where they are.
 func (r *Router) Price(now time.Time, s Split, stepS float64) Pricing {
 	t := r.at(now)
-	pool := r.indices(s.Prefill, func(e *engine) bool { return e.prof.Prefill != nil })
-	dec := r.indices(s.Decode, func(e *engine) bool { return e.prof.Decode != nil })
-	drain := r.drainTimes(t)
-	ps := &r.pricing.prefill
-	ps.reset()
-	for _, i := range pool { // as prefillFree, for any engine of the candidate pool
-		e := &r.engines[i]
-		ps.add(e.prof.Prefill, e.corr[0], max(t, e.busyUntil)+max(0, drain[i]-t), i)
-	}
-	kv, step := math.Inf(1), math.Inf(1)
-	if len(pool) > 0 {
-		kv = r.engines[pool[0]].prof.KVTransferS
-	}
-	for _, i := range dec {
-		e := &r.engines[i]
-		step = min(step, e.stepSeconds(e.streams+1, e.kv))
-	}
-	if len(dec) == 0 {
-		step = math.Inf(1)
-	}
-
-	schedule := ps.schedule
+	pool, dec, handoff := r.loadSplit(t, s)
+	schedule := r.pricing.prefill.schedule
+	kv, step := handoff, 0.0
 	worstTTFT := 0.0
 	for i := 0; i < r.waiting.len(); i++ {
 		e, _, err := r.lookup(r.waiting.at(i))
@@ -108,6 +89,69 @@ func (r *Router) Price(now time.Time, s Split, stepS float64) Pricing {
 	p := Pricing{TTFTRatio: worstTTFT / r.slo.TTFTS, TPOTRatio: r.priceDecode(dec, pool) / r.slo.TPOTS, ProbeTTFT: probe}
 	p.Worst = max(p.TTFTRatio, p.TPOTRatio)
 	return p
+}
+
+// loadSplit prepares the prefill scheduler for a split at t: its prefill engines, each free
+// when prefillFree says (for any engine of the pool, whatever its role now). It returns the
+// pools and the handoff every projected TTFT adds after the prefill: the KV transfer and one
+// decode step on the fastest decode engine (+Inf without one).
+func (r *Router) loadSplit(t float64, s Split) (pool, dec []int, handoff float64) {
+	pool = r.indices(s.Prefill, func(e *engine) bool { return e.prof.Prefill != nil })
+	dec = r.indices(s.Decode, func(e *engine) bool { return e.prof.Decode != nil })
+	drain := r.drainTimes(t)
+	ps := &r.pricing.prefill
+	ps.reset()
+	for _, i := range pool {
+		e := &r.engines[i]
+		ps.add(e.prof.Prefill, e.corr[0], max(t, e.busyUntil)+max(0, drain[i]-t), i)
+	}
+	kv, step := math.Inf(1), math.Inf(1)
+	if len(pool) > 0 {
+		kv = r.engines[pool[0]].prof.KVTransferS
+	}
+	for _, i := range dec {
+		e := &r.engines[i]
+		step = min(step, e.stepSeconds(e.streams+1, e.kv))
+	}
+	return pool, dec, kv + step
+}
+
+// RequestTTFT is the projected TTFT of the waiting request h under split s at now: the
+// waiting set ahead of it list-scheduled in FIFO order onto the split's prefill engines, then
+// it, then the handoff (role-control.md section 6 compares this for the current and the
+// candidate split). prefill is its own prefill seconds alone on the fastest engine of the
+// split. ok is false when h is not waiting.
+func (r *Router) RequestTTFT(now time.Time, s Split, h Handle) (ttft, prefill float64, ok bool) {
+	t := r.at(now)
+	target, _, err := r.lookup(h)
+	if err != nil || target.phase != phaseWaiting {
+		return 0, 0, false
+	}
+	pool, _, handoff := r.loadSplit(t, s)
+	prefill = math.Inf(1)
+	for _, i := range pool {
+		prefill = min(prefill, r.engines[i].prefillSeconds(int(target.prompt)))
+	}
+	for i := 0; i < r.waiting.len(); i++ {
+		e, _, err := r.lookup(r.waiting.at(i))
+		if err != nil || e.phase != phaseWaiting {
+			continue
+		}
+		done := r.pricing.prefill.schedule(int(e.prompt), e.arrival)
+		if e == target {
+			return done + handoff - e.arrival, prefill, true
+		}
+	}
+	return 0, 0, false
+}
+
+// FirstTokenTimeoutAt is when the latest first-token timeout happened (false before any): the
+// controller restarts its arrival-evidence window from it (role-control.md section 7).
+func (r *Router) FirstTokenTimeoutAt() (time.Time, bool) {
+	if r.counters.FirstTokenTimeouts == 0 {
+		return time.Time{}, false
+	}
+	return r.Time(r.lastTimeout), true
 }
 
 // priceDecode is the largest projected decode step over the split: the decode pool's engines

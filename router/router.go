@@ -132,10 +132,11 @@ type Router struct {
 	nWaiting, nPrefilling, nDecoding int
 	waitingTokens, awaitingOutput    int64
 
-	decayAt float64 // when the correction factors next decay toward 1
-	maxKV   int64   // the most KV tokens any engine holds: a request needing more can never be placed
-	passive int     // health.passive.consecutive_failures (0: off)
-	closed  bool    // Shutdown ran: every offer is turned away
+	decayAt     float64 // when the correction factors next decay toward 1
+	lastTimeout float64 // when the latest first-token timeout happened
+	maxKV       int64   // the most KV tokens any engine holds: a request needing more can never be placed
+	passive     int     // health.passive.consecutive_failures (0: off)
+	closed      bool    // Shutdown ran: every offer is turned away
 
 	counters  Counters
 	demand    demand
@@ -296,7 +297,7 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 		arrival: t, id: o.ID, prefix: o.Prefix, prefill: -1, decode: -1, tailEngine: -1}
 	h := makeHandle(slot, e.gen)
 	r.awaitingOutput += out
-	if ttft > r.slo.TTFTS && !r.urgent {
+	if !atOnce && ttft > r.slo.TTFTS && !r.urgent { // a request placed at once never triggers
 		r.urgent = true
 		r.trigger = Trigger{Request: o.ID, Handle: h, ProjectedTTFT: ttft, AtS: t}
 	}
@@ -934,6 +935,7 @@ func (r *Router) Tick(now time.Time) {
 			// (its stream and KV reservation stay on its decode engine until it ends), and it
 			// gives no correction samples.
 			r.counters.FirstTokenTimeouts++
+			r.lastTimeout = e.dispatchAt + r.cfg.FirstTokenTimeoutS
 			e.timedOut = true
 			r.endPrefill(t, e, false)
 		}
@@ -1046,7 +1048,7 @@ func (r *Router) Snapshot(now time.Time) Snapshot {
 		e := &r.engines[i]
 		s.Engines[i] = EngineLoad{
 			ID: e.id, PrefillResidents: e.prefilling, DecodeResidents: e.decoding, ReservedStreams: e.streams - e.decoding,
-			BusyUntilS: r.prefillFree(t, i) - t, Correction: Correction{Prefill: e.corr[0], Decode: e.corr[1]},
+			BusyUntilS: r.prefillFree(t, i) - t, Correction: Correction{Prefill: e.corr[0], Decode: e.corr[1], PrefillSamples: e.samples[0], DecodeSamples: e.samples[1]},
 			Fallback: i == int(r.fallback), Passive: Passive{ConsecutiveFailures: e.failStreak, Ejected: e.ejected},
 		}
 	}

@@ -117,6 +117,9 @@ type Passive struct {
 type Correction struct {
 	Prefill float64 `json:"prefill"`
 	Decode  float64 `json:"decode"`
+	// PrefillSamples and DecodeSamples count the observations folded into each factor.
+	PrefillSamples int `json:"prefill_samples"`
+	DecodeSamples  int `json:"decode_samples"`
 }
 
 // Snapshot is the router's state at one instant; its counters obey the conservation laws.

@@ -1,0 +1,556 @@
+package controller
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/router"
+)
+
+// View is the router's projection as the controller reads it (router.Router implements it):
+// one projection serves placement and pricing.
+type View interface {
+	Price(now time.Time, s router.Split, stepS float64) router.Pricing
+	RequestTTFT(now time.Time, s router.Split, h router.Handle) (ttft, prefill float64, ok bool)
+	Snapshot(now time.Time) router.Snapshot
+	FirstTokenTimeoutAt() (time.Time, bool)
+}
+
+var _ View = (*router.Router)(nil)
+
+// Directions of a move.
+const (
+	ToPrefill = "to_prefill" // a decode engine becomes prefill: the split (P+1, D-1)
+	ToDecode  = "to_decode"  // a prefill engine becomes decode: the split (P-1, D+1)
+)
+
+// Controller is the role controller's deterministic core (docs/role-control.md): regular and
+// urgent evaluations priced with the router's projection, every gate on a move, the
+// arrival-evidence window, and a decision record for every evaluation. It owns no goroutine,
+// reads no clock and changes nothing: Tick returns decisions whose moves the caller applies to
+// the fleet. It is not safe for concurrent use.
+type Controller struct {
+	cfg      config.Controller
+	slo      config.SLO
+	profiles map[string]config.Profile
+	epoch    time.Time
+	now      float64
+
+	nextPass     float64 // when the next regular pass is due
+	conf         Confirmed
+	lastToDecode float64 // when the last move toward decode was made (cooldown)
+	win          window
+	urgent       *pending
+	seq          uint64
+}
+
+// window is the arrival-evidence window (docs/role-control.md, section 7).
+type window struct {
+	openedAt float64
+	base     uint64 // admitted offers when it opened
+	arrivals uint64
+	closed   bool
+}
+
+// pending is the coalesced urgent evaluation waiting for its time.
+type pending struct {
+	due    float64
+	tr     router.Trigger
+	joined int
+}
+
+// New returns a controller for a validated config, started at start (the window opens then).
+func New(cfg *config.Config, start time.Time) *Controller {
+	return &Controller{
+		cfg: cfg.Controller, slo: cfg.SLO, profiles: cfg.Profiles, epoch: start,
+		nextPass:     cfg.Controller.Reactive.StepS,
+		lastToDecode: math.Inf(-1),
+	}
+}
+
+// at converts a time to seconds since the start; time never goes back.
+func (c *Controller) at(now time.Time) float64 {
+	if t := now.Sub(c.epoch).Seconds(); t > c.now {
+		c.now = t
+	}
+	return c.now
+}
+
+// Trigger asks for an urgent evaluation (the router raised it: an admitted offer's projected
+// TTFT exceeds slo.ttft_s). The first trigger schedules one evaluation at its time plus
+// controller.reactive.urgent_delay_s; later ones join it.
+func (c *Controller) Trigger(tr router.Trigger) {
+	if c.urgent != nil {
+		c.urgent.joined++
+		return
+	}
+	c.urgent = &pending{due: tr.AtS + c.cfg.Reactive.UrgentDelayS, tr: tr}
+}
+
+// NextDeadline is when Tick has an evaluation due.
+func (c *Controller) NextDeadline() time.Time {
+	next := c.nextPass
+	if c.urgent != nil {
+		next = min(next, c.urgent.due)
+	}
+	return c.epoch.Add(config.Seconds(next))
+}
+
+// Tick runs the evaluation due at now, if any, on the fleet fl and the router's projection v,
+// and returns its record (ok false when nothing was due). At most one evaluation runs per call
+// — an urgent one first — so that the caller applies its moves before the next: call Tick
+// again while NextDeadline is not after now.
+func (c *Controller) Tick(now time.Time, fl fleet.Snapshot, v View) (Decision, bool) {
+	t := c.at(now)
+	s := newState(c, now, t, fl, v)
+	c.observeWindow(t, &s)
+	switch {
+	case c.urgent != nil && t >= c.urgent.due:
+		u := *c.urgent
+		c.urgent = nil
+		return c.record(c.evaluateUrgent(&s, u)), true
+	case t >= c.nextPass:
+		c.nextPass = t + c.cfg.Reactive.StepS
+		return c.record(c.evaluateRegular(&s)), true
+	}
+	return Decision{}, false
+}
+
+// record numbers a decision and applies its effects on the controller's own state.
+func (c *Controller) record(d Decision) Decision {
+	c.seq++
+	d.Kind, d.Seq, d.Advisory = "decision", c.seq, c.cfg.Advisory
+	if d.Moves == nil {
+		d.Moves = []Move{}
+	}
+	if d.Gates == nil {
+		d.Gates = []Gate{}
+	}
+	if d.Outcome == OutcomeMoved && d.Direction == ToDecode {
+		c.lastToDecode = d.TimeS
+		c.restartWindow(d.TimeS, c.win.base+c.win.arrivals) // a decode-recovery move
+	}
+	return d
+}
+
+// state is what one evaluation reads: the fleet, the router's loads, demand.
+type state struct {
+	c     *Controller
+	now   time.Time
+	t     float64
+	fleet fleet.Snapshot
+	view  View
+	snap  router.Snapshot
+	loads map[string]*router.EngineLoad
+	cur   router.Split
+}
+
+func newState(c *Controller, now time.Time, t float64, fl fleet.Snapshot, v View) state {
+	s := state{c: c, now: now, t: t, fleet: fl, view: v, snap: v.Snapshot(now), loads: map[string]*router.EngineLoad{}}
+	for i := range s.snap.Engines {
+		s.loads[s.snap.Engines[i].ID] = &s.snap.Engines[i]
+	}
+	for _, e := range fl.Engines {
+		if e.Live() {
+			if e.Role == fleet.Prefill {
+				s.cur.Prefill = append(s.cur.Prefill, e.ID)
+			} else {
+				s.cur.Decode = append(s.cur.Decode, e.ID)
+			}
+		}
+	}
+	return s
+}
+
+// observeWindow restarts the window after a first-token timeout and closes it when it has
+// enough evidence (span and arrivals) or has been open for the sparse-traffic maximum.
+func (c *Controller) observeWindow(t float64, s *state) {
+	if at, ok := s.view.FirstTokenTimeoutAt(); ok {
+		if ts := at.Sub(c.epoch).Seconds(); ts > c.win.openedAt {
+			c.restartWindow(ts, s.snap.Counters.Admitted)
+		}
+	}
+	c.win.arrivals = s.snap.Counters.Admitted - c.win.base
+	r := c.cfg.Reactive
+	open := t - c.win.openedAt
+	if !c.win.closed && (open >= r.EvidenceSpanS && c.win.arrivals >= uint64(r.EvidenceMinArrivals) || open >= r.EvidenceMaxSpanS) {
+		c.win.closed = true
+	}
+}
+
+// restartWindow opens the window again at t, counting arrivals from admitted offers on.
+func (c *Controller) restartWindow(t float64, admitted uint64) {
+	c.win = window{openedAt: t, base: admitted}
+}
+
+func (c *Controller) windowState() WindowState {
+	return WindowState{Open: !c.win.closed, OpenedAtS: c.win.openedAt, Arrivals: c.win.arrivals}
+}
+
+// candidate is an adjacent split: one engine moved in a direction.
+type candidate struct {
+	dir   string
+	donor fleet.Engine
+	split router.Split
+	price router.Pricing
+}
+
+// evaluateRegular is a regular pass (docs/role-control.md, section 5).
+func (c *Controller) evaluateRegular(s *state) Decision {
+	d := c.base(s, CallerRegular)
+	th := c.cfg.Thresholds
+	step := c.cfg.Reactive.StepS
+	p0 := s.view.Price(s.now, s.cur, step)
+	d.Candidates = append(d.Candidates, priced(s.cur, p0, true, ""))
+
+	// Motives, counted over consecutive passes. While the window is open, decode expansion
+	// uses the open-window thresholds.
+	dExpand, dShrink := th.Expand, th.Shrink
+	if !c.win.closed {
+		dExpand, dShrink = th.OpenWindow.Expand, th.OpenWindow.Shrink
+	}
+	count := func(n *int, cond bool) {
+		if cond {
+			*n++
+		} else {
+			*n = 0
+		}
+	}
+	count(&c.conf.PrefillExpand, p0.TTFTRatio >= th.Expand)
+	count(&c.conf.PrefillConsolidate, p0.TPOTRatio <= th.Shrink)
+	count(&c.conf.DecodeExpand, p0.TPOTRatio >= dExpand)
+	count(&c.conf.DecodeConsolidate, p0.TTFTRatio <= dShrink)
+	conf := c.conf
+	d.Confirmations = &conf
+	n := th.ConfirmPasses
+
+	var best *candidate
+	var motives []string
+	for _, dir := range []string{ToPrefill, ToDecode} {
+		cand, ok := c.adjacent(s, dir, step)
+		if !ok {
+			continue
+		}
+		d.Candidates = append(d.Candidates, priced(cand.split, cand.price, false, cand.donor.ID))
+		improves := cand.price.Worst < p0.Worst-th.MinGain
+		var motivated bool
+		if dir == ToPrefill {
+			motivated = conf.PrefillExpand >= n || conf.PrefillConsolidate >= n && improves
+		} else {
+			motivated = conf.DecodeExpand >= n || conf.DecodeConsolidate >= n && improves
+		}
+		if motivated {
+			motives = append(motives, dir)
+		}
+		if motivated && improves && (best == nil || cand.price.Worst < best.price.Worst) {
+			best = &cand
+		}
+	}
+	switch {
+	case len(motives) == 0:
+		d.Outcome = OutcomeRetained
+		d.Reason = fmt.Sprintf("no motive: prefill pressure %.3f, decode pressure %.3f (expand %.2f, shrink %.2f, %d passes)", p0.TTFTRatio, p0.TPOTRatio, th.Expand, th.Shrink, n)
+		return c.advise(d, nil)
+	case best == nil:
+		d.Outcome = OutcomeRetained
+		d.Reason = fmt.Sprintf("motivated (%v) but no adjacent split strictly improves worst %.3f by more than %g", motives, p0.Worst, th.MinGain)
+		return c.advise(d, nil)
+	}
+	d.Direction = best.dir
+	d.Reason = fmt.Sprintf("%s: worst %.3f -> %.3f", best.dir, p0.Worst, best.price.Worst)
+	d.Gates = c.gates(s, best, p0, CallerRegular)
+	return c.decide(d, best)
+}
+
+// evaluateUrgent is the coalesced urgent evaluation (docs/role-control.md, section 6).
+func (c *Controller) evaluateUrgent(s *state, u pending) Decision {
+	d := c.base(s, CallerUrgent)
+	d.Inputs.Trigger = &TriggerRecord{RequestID: u.tr.Request, ProjectedTTFTS: u.tr.ProjectedTTFT, AtS: u.tr.AtS, Joined: u.joined}
+	if s.snap.Retained.Waiting == 0 {
+		d.Outcome, d.Reason = OutcomeDropped, "the waiting set drained before the evaluation"
+		return d
+	}
+	curTTFT, own, ok := s.view.RequestTTFT(s.now, s.cur, u.tr.Handle)
+	if !ok {
+		d.Outcome, d.Reason = OutcomeDropped, "the triggering request is no longer waiting"
+		return d
+	}
+	step := c.cfg.Reactive.StepS
+	p0 := s.view.Price(s.now, s.cur, step)
+	cur := priced(s.cur, p0, true, "")
+	r := Ratio(curTTFT)
+	cur.RequestTTFTS = &r
+	d.Candidates = append(d.Candidates, cur)
+	cand, ok := c.adjacent(s, ToPrefill, step)
+	if !ok {
+		d.Outcome, d.Reason = OutcomeRetained, "no decode engine to move"
+		return c.advise(d, nil)
+	}
+	candTTFT, _, _ := s.view.RequestTTFT(s.now, cand.split, u.tr.Handle)
+	pc := priced(cand.split, cand.price, false, cand.donor.ID)
+	rc := Ratio(candTTFT)
+	pc.RequestTTFTS = &rc
+	d.Candidates = append(d.Candidates, pc)
+	switch {
+	case candTTFT < curTTFT:
+		d.Direction = ToPrefill
+		d.Reason = fmt.Sprintf("request %s: projected TTFT %.3f s -> %.3f s", u.tr.Request, curTTFT, candTTFT)
+		d.Gates = c.gates(s, &cand, p0, CallerUrgent)
+		return c.decide(d, &cand)
+	case own > c.slo.TTFTS:
+		d.Outcome, d.Reason = OutcomeRetained, "prefill_exceeds_slo"
+	default:
+		d.Outcome = OutcomeRetained
+		d.Reason = fmt.Sprintf("request %s: the candidate split does not improve its projected TTFT (%.3f s)", u.tr.Request, curTTFT)
+	}
+	return c.advise(d, nil)
+}
+
+// base starts a record with the inputs every evaluation shares.
+func (c *Controller) base(s *state, caller string) Decision {
+	d := Decision{TimeS: s.t, Caller: caller}
+	d.SplitBefore = Split{len(s.cur.Prefill), len(s.cur.Decode)}
+	d.SplitAfter = d.SplitBefore
+	d.Inputs = Inputs{Demand: s.snap.Demand, EvidenceWindow: c.windowState(), Retained: s.snap.Retained}
+	if at, ok := s.view.FirstTokenTimeoutAt(); ok {
+		ts := at.Sub(c.epoch).Seconds()
+		d.Inputs.FirstTokenAt = &ts
+	}
+	return d
+}
+
+// decide turns gated candidate into an outcome: moved, blocked, or advisory.
+func (c *Controller) decide(d Decision, cand *candidate) Decision {
+	for _, g := range d.Gates {
+		if !g.Passed {
+			d.Outcome = OutcomeBlocked
+			d.Reason += "; blocked by " + g.Name
+			return c.advise(d, &g)
+		}
+	}
+	d.Switch = "routing"
+	from, to := cand.donor.Role.String(), fleet.Prefill.String()
+	if cand.dir == ToDecode {
+		to = fleet.Decode.String()
+	}
+	d.SplitAfter = Split{len(cand.split.Prefill), len(cand.split.Decode)}
+	if c.cfg.Advisory {
+		d.Outcome, d.AdvisoryResult = OutcomeAdvisory, "would_move"
+		return d
+	}
+	d.Outcome = OutcomeMoved
+	d.Moves = []Move{{Engine: cand.donor.ID, From: from, To: to}}
+	return d
+}
+
+// advise marks a record of an advisory controller: the outcome it would have had.
+func (c *Controller) advise(d Decision, failed *Gate) Decision {
+	if !c.cfg.Advisory {
+		return d
+	}
+	switch {
+	case failed != nil:
+		d.AdvisoryResult = "blocked:" + failed.Name
+	case d.Outcome == OutcomeDropped:
+		return d
+	default:
+		d.AdvisoryResult = "retained"
+	}
+	d.Outcome = OutcomeAdvisory
+	return d
+}
+
+// adjacent is the candidate moving one engine in dir from the current split: toward prefill the
+// lightest eligible decode engine (fewest streams decoding on it, then fewest reserved on it
+// by requests still prefilling elsewhere), toward decode the eligible
+// prefill engine with the least projected prefill work left; ties by id. When no engine is
+// eligible, the best of the others is taken so that the gates say why.
+func (c *Controller) adjacent(s *state, dir string, step float64) (candidate, bool) {
+	from := fleet.Decode
+	if dir == ToDecode {
+		from = fleet.Prefill
+	}
+	var pool []fleet.Engine
+	for _, e := range s.fleet.Engines {
+		if e.Live() && e.Role == from {
+			pool = append(pool, e)
+		}
+	}
+	if len(pool) == 0 {
+		return candidate{}, false
+	}
+	weight := func(e fleet.Engine) (float64, float64) {
+		l := s.loads[e.ID]
+		if l == nil {
+			return 0, 0
+		}
+		if dir == ToPrefill { // streams decoding there, then those reserved there
+			return float64(l.DecodeResidents), float64(l.ReservedStreams)
+		}
+		return l.BusyUntilS, 0
+	}
+	eligible := func(e fleet.Engine) bool {
+		return !e.Pinned && c.dwelt(s.t, e) && c.hasCurve(e, dir)
+	}
+	sort.SliceStable(pool, func(i, j int) bool {
+		ei, ej := eligible(pool[i]), eligible(pool[j])
+		if ei != ej {
+			return ei
+		}
+		if wi, ri := weight(pool[i]); true {
+			if wj, rj := weight(pool[j]); wi != wj || ri != rj {
+				return wi < wj || wi == wj && ri < rj
+			}
+		}
+		return pool[i].ID < pool[j].ID
+	})
+	donor := pool[0]
+	split := router.Split{}
+	for _, id := range s.cur.Prefill {
+		if id != donor.ID {
+			split.Prefill = append(split.Prefill, id)
+		}
+	}
+	for _, id := range s.cur.Decode {
+		if id != donor.ID {
+			split.Decode = append(split.Decode, id)
+		}
+	}
+	if dir == ToPrefill {
+		split.Prefill = append(split.Prefill, donor.ID)
+	} else {
+		split.Decode = append(split.Decode, donor.ID)
+	}
+	return candidate{dir: dir, donor: donor, split: split, price: s.view.Price(s.now, split, step)}, true
+}
+
+func (c *Controller) since(t time.Time) float64 { return t.Sub(c.epoch).Seconds() }
+
+// dwelt is the dwell gate: an engine whose role changed less than dwell_s ago keeps it; one
+// that has kept its role since the start never moved, so dwell does not hold it.
+func (c *Controller) dwelt(t float64, e fleet.Engine) bool {
+	since := c.since(e.RoleSince)
+	return since <= 0 || t-since >= c.cfg.Thresholds.DwellS
+}
+
+func (c *Controller) hasCurve(e fleet.Engine, dir string) bool {
+	p := c.profiles[e.Profile]
+	if dir == ToPrefill {
+		return p.Prefill != nil
+	}
+	return p.Decode != nil
+}
+
+// gates checks a move (docs/role-control.md, section 7): the common gates, then those of its
+// direction; an urgent evaluation checks exactly the urgent list.
+func (c *Controller) gates(s *state, cand *candidate, p0 router.Pricing, caller string) []Gate {
+	th := c.cfg.Thresholds
+	e := cand.donor
+	l := s.loads[e.ID]
+	if l == nil {
+		l = &router.EngineLoad{}
+	}
+	var gs []Gate
+	add := func(name string, passed bool, format string, args ...any) {
+		gs = append(gs, Gate{Name: name, Passed: passed, Detail: fmt.Sprintf(format, args...)})
+	}
+	p, d := len(cand.split.Prefill), len(cand.split.Decode)
+	add(GatePins, !e.Pinned, "%s pinned=%t", e.ID, e.Pinned)
+	add(GateRoleFloors, p >= c.cfg.MinPrefill && d >= c.cfg.MinDecode,
+		"after the move prefill %d (min %d), decode %d (min %d)", p, c.cfg.MinPrefill, d, c.cfg.MinDecode)
+	add(GateHealthExclusions, e.Lifecycle == fleet.Active, "%s is %s", e.ID, e.Lifecycle)
+	if c.since(e.RoleSince) <= 0 {
+		add(GateDwell, true, "%s has kept its role since the start", e.ID)
+	} else {
+		add(GateDwell, c.dwelt(s.t, e), "%s role_since %.1fs, dwell %gs", e.ID, c.since(e.RoleSince), th.DwellS)
+	}
+	add(GateResidentOwnership, true, "%s keeps %d decode and %d prefill residents until they finish", e.ID, l.DecodeResidents+l.ReservedStreams, l.PrefillResidents)
+	c.coverage(s, cand, l, add)
+	if cand.dir == ToDecode {
+		since := s.t - c.lastToDecode
+		add(GateCooldown, since >= th.CooldownS, "last move toward decode %s ago, cooldown %gs", seconds(since), th.CooldownS)
+		if caller == CallerRegular {
+			n := max(c.conf.DecodeExpand, c.conf.DecodeConsolidate)
+			add(GateConfirmation, n >= th.ConfirmPasses, "%d consecutive passes, need %d", n, th.ConfirmPasses)
+		}
+		return gs
+	}
+	w := c.windowState()
+	add(GateConsolidationEvidence, !w.Open, "window opened at %.1fs, %d arrivals, open=%t (span %gs, min %d arrivals, max %gs)",
+		w.OpenedAtS, w.Arrivals, w.Open, c.cfg.Reactive.EvidenceSpanS, c.cfg.Reactive.EvidenceMinArrivals, c.cfg.Reactive.EvidenceMaxSpanS)
+	if caller == CallerRegular {
+		timeout := false
+		if at, ok := s.view.FirstTokenTimeoutAt(); ok {
+			timeout = at.Sub(c.epoch).Seconds() >= w.OpenedAtS
+		}
+		add(GateDecodeStability, cand.price.TPOTRatio <= th.Expand && !timeout,
+			"candidate tpot_ratio %s (expand %g), first-token timeout since the window opened: %t", ratio(cand.price.TPOTRatio), th.Expand, timeout)
+	}
+	dem := s.snap.Demand
+	add(GateConsolidationTrend, dem.Short.OutputTokensPerS <= dem.Long.OutputTokensPerS*(1+th.TrendTolerance),
+		"short output %.1f tok/s, long %.1f tok/s, tolerance %g", dem.Short.OutputTokensPerS, dem.Long.OutputTokensPerS, th.TrendTolerance)
+	add(GateDecodeCapacity, !math.IsInf(cand.price.TPOTRatio, 1),
+		"the %d remaining decode engines carry every stream within capacity: tpot_ratio %s", d, ratio(cand.price.TPOTRatio))
+	add(GateFlipResidentGuard, l.DecodeResidents <= th.FlipResidentGuard,
+		"%s decodes %d streams, guard %d", e.ID, l.DecodeResidents, th.FlipResidentGuard)
+	return gs
+}
+
+// coverage is the profile_coverage gate: the donor's profile has the new role's curve, the
+// operating point the move needs lies in its profiled range, and its correction for that phase
+// is either unused (the offline profile as measured) or estimated from at least
+// controller.profile.min_samples observations.
+func (c *Controller) coverage(s *state, cand *candidate, l *router.EngineLoad, add func(string, bool, string, ...any)) {
+	e := cand.donor
+	prof := c.profiles[e.Profile]
+	minSamples := c.cfg.Profile.MinSamples
+	if cand.dir == ToPrefill {
+		if prof.Prefill == nil {
+			add(GateProfileCoverage, false, "%s: profile %s has no prefill curve", e.ID, e.Profile)
+			return
+		}
+		dem := s.snap.Demand.Priced
+		mean := 0.0
+		if dem.ArrivalsPerS > 0 {
+			mean = dem.PromptTokensPerS / dem.ArrivalsPerS
+		}
+		n := l.Correction.PrefillSamples
+		ok := mean <= float64(prof.Prefill.MaxTokens) && (n == 0 || n >= minSamples)
+		add(GateProfileCoverage, ok, "%s: mean prompt %.0f tokens (profiled to %d), prefill correction from %d samples (min %d)",
+			e.ID, mean, prof.Prefill.MaxTokens, n, minSamples)
+		return
+	}
+	if prof.Decode == nil {
+		add(GateProfileCoverage, false, "%s: profile %s has no decode curve", e.ID, e.Profile)
+		return
+	}
+	streams := s.snap.Retained.Decoding + s.snap.Retained.Prefilling + s.snap.Retained.Waiting
+	per := float64(streams) / float64(len(cand.split.Decode))
+	n := l.Correction.DecodeSamples
+	ok := per <= float64(prof.Decode.MaxStreams) && (n == 0 || n >= minSamples)
+	add(GateProfileCoverage, ok, "%s: %.1f streams per decode engine after the move (profiled to %d), decode correction from %d samples (min %d)",
+		e.ID, per, prof.Decode.MaxStreams, n, minSamples)
+}
+
+func priced(s router.Split, p router.Pricing, current bool, move string) Priced {
+	return Priced{Prefill: len(s.Prefill), Decode: len(s.Decode), TTFTRatio: Ratio(p.TTFTRatio), TPOTRatio: Ratio(p.TPOTRatio),
+		Worst: Ratio(p.Worst), Current: current, Move: move}
+}
+
+func ratio(r float64) string {
+	if math.IsInf(r, 1) {
+		return "+Inf"
+	}
+	return fmt.Sprintf("%.3f", r)
+}
+
+func seconds(s float64) string {
+	if math.IsInf(s, 1) {
+		return "never (+Inf)"
+	}
+	return fmt.Sprintf("%.1fs", s)
+}

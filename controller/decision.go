@@ -1,0 +1,152 @@
+package controller
+
+import (
+	"math"
+	"strconv"
+
+	"github.com/narwhal-llm/narwhal/router"
+)
+
+// Callers of an evaluation (docs/role-control.md, decision records).
+const (
+	CallerRegular     = "regular"
+	CallerUrgent      = "urgent"
+	CallerRepair      = "repair"
+	CallerReadmission = "readmission"
+	CallerAPI         = "api"
+)
+
+// Outcomes of an evaluation.
+const (
+	OutcomeMoved    = "moved"
+	OutcomeRetained = "retained"
+	OutcomeBlocked  = "blocked"
+	OutcomeDropped  = "dropped"
+	OutcomeAdvisory = "advisory"
+)
+
+// Gate names, as the decision log writes them.
+const (
+	GatePins                  = "pins"
+	GateRoleFloors            = "role_floors"
+	GateHealthExclusions      = "health_exclusions"
+	GateDwell                 = "dwell"
+	GateResidentOwnership     = "resident_ownership"
+	GateProfileCoverage       = "profile_coverage"
+	GateCooldown              = "cooldown"
+	GateConfirmation          = "confirmation"
+	GateConsolidationEvidence = "consolidation_evidence"
+	GateDecodeStability       = "decode_stability"
+	GateConsolidationTrend    = "consolidation_trend"
+	GateDecodeCapacity        = "decode_capacity"
+	GateFlipResidentGuard     = "flip_resident_guard"
+)
+
+// Decision is one evaluation's record (the decision log's "decision" line): enough for a
+// reader to re-check it without the code.
+type Decision struct {
+	Kind           string     `json:"kind"` // always "decision"
+	TimeS          float64    `json:"time_s"`
+	Seq            uint64     `json:"seq"`
+	Caller         string     `json:"caller"`
+	Reason         string     `json:"reason"`
+	Advisory       bool       `json:"advisory"`
+	SplitBefore    Split      `json:"split_before"`
+	SplitAfter     Split      `json:"split_after"`
+	Inputs         Inputs     `json:"inputs"`
+	Candidates     []Priced   `json:"candidates"`
+	Gates          []Gate     `json:"gates"`
+	Outcome        string     `json:"outcome"`
+	AdvisoryResult string     `json:"advisory_result,omitempty"`
+	Moves          []Move     `json:"moves"`
+	Direction      string     `json:"direction,omitempty"` // to_prefill or to_decode, when a move was considered
+	Switch         string     `json:"switch,omitempty"`    // how the moved engine changes role: routing
+	Confirmations  *Confirmed `json:"confirmations,omitempty"`
+}
+
+// Split is a split's size.
+type Split struct {
+	Prefill int `json:"prefill"`
+	Decode  int `json:"decode"`
+}
+
+// Inputs are what the evaluation priced with.
+type Inputs struct {
+	Demand         router.Demand   `json:"demand"`
+	EvidenceWindow WindowState     `json:"evidence_window"`
+	Trigger        *TriggerRecord  `json:"trigger,omitempty"`
+	FirstTokenAt   *float64        `json:"last_first_token_timeout_s,omitempty"`
+	Retained       router.Retained `json:"retained"`
+}
+
+// WindowState is the arrival-evidence window at the evaluation.
+type WindowState struct {
+	Open      bool    `json:"open"`
+	OpenedAtS float64 `json:"opened_at_s"`
+	Arrivals  uint64  `json:"arrivals"`
+}
+
+// TriggerRecord is the request that triggered an urgent evaluation.
+type TriggerRecord struct {
+	RequestID      string  `json:"request_id"`
+	ProjectedTTFTS float64 `json:"projected_ttft_s"`
+	AtS            float64 `json:"at_s"`
+	Joined         int     `json:"joined"` // later triggers coalesced into this evaluation
+}
+
+// Priced is one candidate split with its ratios. For an urgent evaluation RequestTTFTS is the
+// triggering request's projected TTFT under it.
+type Priced struct {
+	Prefill      int    `json:"prefill"`
+	Decode       int    `json:"decode"`
+	TTFTRatio    Ratio  `json:"ttft_ratio"`
+	TPOTRatio    Ratio  `json:"tpot_ratio"`
+	Worst        Ratio  `json:"worst"`
+	Current      bool   `json:"current"`
+	Move         string `json:"move,omitempty"` // the engine this candidate moves
+	RequestTTFTS *Ratio `json:"request_ttft_s,omitempty"`
+}
+
+// Gate is one check on a move.
+type Gate struct {
+	Name   string `json:"name"`
+	Passed bool   `json:"passed"`
+	Detail string `json:"detail"`
+}
+
+// Move is one role change.
+type Move struct {
+	Engine string `json:"engine"`
+	From   string `json:"from"`
+	To     string `json:"to"`
+}
+
+// Confirmed is the consecutive regular passes each motive held, for the confirmation rules.
+type Confirmed struct {
+	PrefillExpand      int `json:"prefill_expand"`
+	PrefillConsolidate int `json:"prefill_consolidate"` // decode pool shrinkable: toward prefill
+	DecodeExpand       int `json:"decode_expand"`
+	DecodeConsolidate  int `json:"decode_consolidate"` // prefill pool shrinkable: toward decode
+}
+
+// Ratio is a projected SLO ratio; +Inf (beyond stream capacity) is written as "+Inf".
+type Ratio float64
+
+// MarshalJSON writes the ratio as a number, or "+Inf".
+func (r Ratio) MarshalJSON() ([]byte, error) {
+	if math.IsInf(float64(r), 1) {
+		return []byte(`"+Inf"`), nil
+	}
+	return strconv.AppendFloat(nil, float64(r), 'g', 6, 64), nil
+}
+
+// UnmarshalJSON reads a number or "+Inf".
+func (r *Ratio) UnmarshalJSON(b []byte) error {
+	if string(b) == `"+Inf"` {
+		*r = Ratio(math.Inf(1))
+		return nil
+	}
+	f, err := strconv.ParseFloat(string(b), 64)
+	*r = Ratio(f)
+	return err
+}

@@ -1,0 +1,254 @@
+package controller
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/datadriven"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/router"
+)
+
+// driver runs the real router and the controller in virtual time, as the live wrapper will:
+// offers raise urgent triggers for the controller; tick applies time to the router, runs every
+// evaluation due and applies its moves to the fleet and the router.
+//
+//	init [key=value ...]        config tweaks; input: one engine a line, "id role [pinned]"
+//	offer id=.. tokens=.. [max=..] [at=..]
+//	first|complete|cancel id=.. [at=..] [tokens=..]
+//	tick at=.. [verbose]        prints every decision: outcome, reason, moves; verbose adds
+//	                            candidates and gates
+//	lifecycle id=.. to=.. [at=..]
+type driver struct {
+	t       *testing.T
+	cfg     *config.Config
+	fleet   *fleet.Fleet
+	r       *router.Router
+	c       *Controller
+	now     time.Time
+	handles map[string]router.Handle
+}
+
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func (d *driver) at(td *datadriven.TestData) time.Time {
+	if td.HasArg("at") {
+		var s float64
+		td.ScanArgs(d.t, "at", &s)
+		d.now = epoch.Add(time.Duration(s * float64(time.Second)))
+	}
+	return d.now
+}
+
+func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
+	var b strings.Builder
+	switch td.Cmd {
+	case "init":
+		d.init(td)
+	case "offer":
+		var id string
+		var o router.Offer
+		td.ScanArgs(t, "id", &id)
+		td.ScanArgs(t, "tokens", &o.PromptTokens)
+		td.MaybeScanArgs(t, "max", &o.MaxTokens)
+		o.ID = id
+		out := d.r.Offer(d.at(td), o)
+		d.handles[id] = out.Handle
+		fmt.Fprintf(&b, "%s: %s\n", id, outcome(out))
+	case "first", "complete", "cancel":
+		var id string
+		td.ScanArgs(t, "id", &id)
+		now, h := d.at(td), d.handles[id]
+		var err error
+		switch td.Cmd {
+		case "first":
+			err = d.r.FirstToken(now, h)
+		case "complete":
+			n := 0
+			td.MaybeScanArgs(t, "tokens", &n)
+			err = d.r.Complete(now, h, n)
+		case "cancel":
+			err = d.r.Cancel(now, h)
+		}
+		if err != nil {
+			fmt.Fprintf(&b, "error: %v\n", err)
+		}
+	case "tick":
+		now := d.at(td)
+		d.r.Tick(now)
+		d.drain(&b)
+		d.evaluate(now, td.HasArg("verbose"), &b)
+	case "lifecycle":
+		var id, to string
+		td.ScanArgs(t, "id", &id)
+		td.ScanArgs(t, "to", &to)
+		now := d.at(td)
+		for _, l := range fleet.Lifecycles {
+			if l.String() == to {
+				if _, err := d.fleet.SetLifecycle(id, l, now, "test"); err != nil {
+					fmt.Fprintf(&b, "error: %v\n", err)
+				}
+			}
+		}
+		d.r.SetFleet(now, d.fleet.Snapshot())
+	default:
+		t.Fatalf("%s: unknown command %q", td.Pos, td.Cmd)
+	}
+	d.drain(&b)
+	if b.Len() == 0 {
+		return "ok\n"
+	}
+	return b.String()
+}
+
+// drain hands the router's trigger to the controller and prints the router's outbox.
+func (d *driver) drain(b *strings.Builder) {
+	for _, o := range d.r.Ready() {
+		for id, h := range d.handles {
+			if h == o.Handle {
+				fmt.Fprintf(b, "%s: %s\n", id, outcome(o))
+			}
+		}
+	}
+	if tr, ok := d.r.TakeTrigger(); ok {
+		fmt.Fprintf(b, "trigger: %s projected_ttft=%.3f\n", tr.Request, tr.ProjectedTTFT)
+		d.c.Trigger(tr)
+	}
+}
+
+// evaluate runs every evaluation due at now and applies its moves, as the live wrapper does.
+func (d *driver) evaluate(now time.Time, verbose bool, b *strings.Builder) {
+	for !d.c.NextDeadline().After(now) {
+		dec, ok := d.c.Tick(now, d.fleet.Snapshot(), d.r)
+		if !ok {
+			return
+		}
+		fmt.Fprintf(b, "decision %d %s %s: %s\n", dec.Seq, dec.Caller, dec.Outcome, dec.Reason)
+		if dec.AdvisoryResult != "" {
+			fmt.Fprintf(b, "  advisory_result: %s\n", dec.AdvisoryResult)
+		}
+		if verbose {
+			for _, c := range dec.Candidates {
+				fmt.Fprintf(b, "  candidate %d/%d ttft=%s tpot=%s worst=%s", c.Prefill, c.Decode, ratio(float64(c.TTFTRatio)), ratio(float64(c.TPOTRatio)), ratio(float64(c.Worst)))
+				if c.Move != "" {
+					fmt.Fprintf(b, " move=%s", c.Move)
+				}
+				if c.RequestTTFTS != nil {
+					fmt.Fprintf(b, " request_ttft=%.3f", float64(*c.RequestTTFTS))
+				}
+				if c.Current {
+					b.WriteString(" (current)")
+				}
+				b.WriteString("\n")
+			}
+			for _, g := range dec.Gates {
+				mark := "ok"
+				if !g.Passed {
+					mark = "FAILED"
+				}
+				fmt.Fprintf(b, "  gate %s %s: %s\n", g.Name, mark, g.Detail)
+			}
+		}
+		for _, m := range dec.Moves {
+			fmt.Fprintf(b, "  move %s %s -> %s\n", m.Engine, m.From, m.To)
+			role, err := fleet.ParseRole(m.To)
+			if err != nil {
+				d.t.Fatal(err)
+			}
+			if _, err := d.fleet.SetRole(m.Engine, role, now, fmt.Sprintf("decision %d", dec.Seq)); err != nil {
+				d.t.Fatalf("applying decision %d: %v", dec.Seq, err)
+			}
+		}
+		d.r.SetFleet(now, d.fleet.Snapshot())
+	}
+}
+
+func outcome(o router.Outcome) string {
+	switch o.Status {
+	case router.Waiting:
+		return "waiting"
+	case router.Dispatched:
+		return fmt.Sprintf("dispatched prefill=%s decode=%s ttft=%.3f", o.Placement.Prefill, o.Placement.Decode, o.Placement.ProjectedTTFT)
+	}
+	return fmt.Sprintf("rejected %s", o.Code)
+}
+
+func (d *driver) init(td *datadriven.TestData) {
+	cfg := config.Default()
+	th, re := &cfg.Controller.Thresholds, &cfg.Controller.Reactive
+	prof := cfg.Profiles[config.DefaultProfileName]
+	dc := *prof.Decode
+	for _, a := range td.CmdArgs {
+		v := a.Vals[0]
+		f, _ := strconv.ParseFloat(v, 64)
+		switch a.Key {
+		case "step":
+			re.StepS = f
+		case "urgent_delay":
+			re.UrgentDelayS = f
+		case "span":
+			re.EvidenceSpanS = f
+		case "min_arrivals":
+			re.EvidenceMinArrivals = int(f)
+		case "max_span":
+			re.EvidenceMaxSpanS = f
+		case "expand":
+			th.Expand = f
+		case "shrink":
+			th.Shrink = f
+		case "confirm":
+			th.ConfirmPasses = int(f)
+		case "dwell":
+			th.DwellS = f
+		case "cooldown":
+			th.CooldownS = f
+		case "guard":
+			th.FlipResidentGuard = int(f)
+		case "advisory":
+			cfg.Controller.Advisory = v == "true"
+		case "min_decode":
+			cfg.Controller.MinDecode = int(f)
+		case "ttft":
+			cfg.SLO.TTFTS = f
+		case "tpot":
+			cfg.SLO.TPOTS = f
+		case "concurrency":
+			prof.PrefillConcurrency = int(f)
+		case "max_streams":
+			dc.MaxStreams = int(f)
+		default:
+			d.t.Fatalf("%s: unknown init argument %s", td.Pos, a.Key)
+		}
+	}
+	prof.Decode = &dc
+	cfg.Profiles[config.DefaultProfileName] = prof
+	cfg.Router.WaitingSet.MaxWaitS = 600
+	for i, line := range strings.Split(strings.TrimSpace(td.Input), "\n") {
+		f := strings.Fields(line)
+		cfg.Engines = append(cfg.Engines, config.Engine{ID: f[0], Address: fmt.Sprintf("10.0.0.%d:8000", i+1), Role: f[1],
+			Profile: config.DefaultProfileName, Pinned: len(f) > 2 && f[2] == "pinned"})
+	}
+	if err := cfg.Validate(); err != nil {
+		d.t.Fatal(err)
+	}
+	fl, err := fleet.New(cfg, epoch)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	d.cfg, d.fleet, d.now = cfg, fl, epoch
+	d.r = router.New(cfg, fl.Snapshot(), epoch)
+	d.c = New(cfg, epoch)
+	d.handles = map[string]router.Handle{}
+}
+
+func TestDataDriven(t *testing.T) {
+	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
+		d := &driver{t: t}
+		datadriven.RunTest(t, path, d.run)
+	})
+}
