@@ -40,7 +40,10 @@ type Controller struct {
 	epoch    time.Time
 	now      float64
 
-	nextPass     float64 // when the next regular pass is due
+	nextPass     float64                    // when the next regular pass is due
+	nextMonitor  float64                    // when the next floor-repair pass is due
+	lifecycles   map[string]fleet.Lifecycle // each engine's lifecycle at the last monitor pass
+	repaired     bool                       // the monitor pass under way has evaluated its floor repair
 	conf         Confirmed
 	lastToDecode float64 // when the last move toward decode was made (cooldown)
 	win          window
@@ -69,6 +72,7 @@ func New(cfg *config.Config, start time.Time) *Controller {
 		cfg: cfg.Controller, slo: cfg.SLO, profiles: cfg.Profiles, epoch: start,
 		nextPass:     cfg.Controller.Reactive.StepS,
 		lastToDecode: math.Inf(-1),
+		lifecycles:   map[string]fleet.Lifecycle{},
 	}
 }
 
@@ -93,7 +97,7 @@ func (c *Controller) Trigger(tr router.Trigger) {
 
 // NextDeadline is when Tick has an evaluation due.
 func (c *Controller) NextDeadline() time.Time {
-	next := c.nextPass
+	next := min(c.nextPass, c.nextMonitor)
 	if c.urgent != nil {
 		next = min(next, c.urgent.due)
 	}
@@ -102,12 +106,22 @@ func (c *Controller) NextDeadline() time.Time {
 
 // Tick runs the evaluation due at now, if any, on the fleet fl and the router's projection v,
 // and returns its record (ok false when nothing was due). At most one evaluation runs per call
-// — an urgent one first — so that the caller applies its moves before the next: call Tick
-// again while NextDeadline is not after now.
+// — floor repair and readmission first, then an urgent one, then a regular pass — so that the
+// caller applies its moves before the next: call Tick again while NextDeadline is not after
+// now.
 func (c *Controller) Tick(now time.Time, fl fleet.Snapshot, v View) (Decision, bool) {
 	t := c.at(now)
 	s := newState(c, now, t, fl, v)
 	c.observeWindow(t, &s)
+	if t >= c.nextMonitor {
+		if d, ok := c.evaluateMonitor(&s); ok {
+			return c.record(d), true
+		}
+		c.nextMonitor, c.repaired = t+c.cfg.Monitor.IntervalS, false
+		for _, e := range fl.Engines {
+			c.lifecycles[e.ID] = e.Lifecycle
+		}
+	}
 	switch {
 	case c.urgent != nil && t >= c.urgent.due:
 		u := *c.urgent
@@ -130,7 +144,7 @@ func (c *Controller) record(d Decision) Decision {
 	if d.Gates == nil {
 		d.Gates = []Gate{}
 	}
-	if d.Outcome == OutcomeMoved && d.Direction == ToDecode {
+	if d.Outcome == OutcomeMoved && d.Direction == ToDecode { // repairs and readmissions too
 		c.lastToDecode = d.TimeS
 		c.restartWindow(d.TimeS, c.win.base+c.win.arrivals) // a decode-recovery move
 	}
@@ -430,11 +444,21 @@ func (c *Controller) adjacent(s *state, dir string, step float64) (candidate, bo
 
 func (c *Controller) since(t time.Time) float64 { return t.Sub(c.epoch).Seconds() }
 
-// dwelt is the dwell gate: an engine whose role changed less than dwell_s ago keeps it; one
+// dwelt is the dwell rule: an engine whose role changed less than dwell_s ago keeps it; one
 // that has kept its role since the start never moved, so dwell does not hold it.
 func (c *Controller) dwelt(t float64, e fleet.Engine) bool {
 	since := c.since(e.RoleSince)
 	return since <= 0 || t-since >= c.cfg.Thresholds.DwellS
+}
+
+func (c *Controller) dwellGate(t float64, e fleet.Engine) Gate {
+	g := Gate{Name: GateDwell, Passed: c.dwelt(t, e)}
+	if since := c.since(e.RoleSince); since <= 0 {
+		g.Detail = e.ID + " has kept its role since the start"
+	} else {
+		g.Detail = fmt.Sprintf("%s role_since %.1fs, dwell %gs", e.ID, since, c.cfg.Thresholds.DwellS)
+	}
+	return g
 }
 
 func (c *Controller) hasCurve(e fleet.Engine, dir string) bool {
@@ -463,11 +487,7 @@ func (c *Controller) gates(s *state, cand *candidate, p0 router.Pricing, caller 
 	add(GateRoleFloors, p >= c.cfg.MinPrefill && d >= c.cfg.MinDecode,
 		"after the move prefill %d (min %d), decode %d (min %d)", p, c.cfg.MinPrefill, d, c.cfg.MinDecode)
 	add(GateHealthExclusions, e.Lifecycle == fleet.Active, "%s is %s", e.ID, e.Lifecycle)
-	if c.since(e.RoleSince) <= 0 {
-		add(GateDwell, true, "%s has kept its role since the start", e.ID)
-	} else {
-		add(GateDwell, c.dwelt(s.t, e), "%s role_since %.1fs, dwell %gs", e.ID, c.since(e.RoleSince), th.DwellS)
-	}
+	gs = append(gs, c.dwellGate(s.t, e))
 	add(GateResidentOwnership, true, "%s keeps %d decode and %d prefill residents until they finish", e.ID, l.DecodeResidents+l.ReservedStreams, l.PrefillResidents)
 	c.coverage(s, cand, l, add)
 	if cand.dir == ToDecode {
@@ -553,4 +573,181 @@ func seconds(s float64) string {
 		return "never (+Inf)"
 	}
 	return fmt.Sprintf("%.1fs", s)
+}
+
+// evaluateMonitor is a monitor pass (docs/role-control.md, section 8): floor repair, then the
+// readmission of an engine that became active again since the last pass. It reports false
+// when neither has anything to evaluate. One call evaluates one thing; Tick calls it again
+// (the pass stays due) until it has nothing left.
+func (c *Controller) evaluateMonitor(s *state) (Decision, bool) {
+	p, d := len(s.cur.Prefill), len(s.cur.Decode)
+	if !c.repaired { // one repair evaluation a pass
+		c.repaired = true
+		switch {
+		case d < c.cfg.MinDecode && p > c.cfg.MinPrefill:
+			return c.repair(s, ToDecode, 1), true
+		case p < c.cfg.MinPrefill && d > c.cfg.MinDecode:
+			return c.repair(s, ToPrefill, min(c.cfg.MinPrefill-p, d-c.cfg.MinDecode)), true
+		}
+	}
+	for _, e := range s.fleet.Engines {
+		if was, seen := c.lifecycles[e.ID]; seen && was != fleet.Active && e.Live() {
+			c.lifecycles[e.ID] = e.Lifecycle
+			return c.readmit(s, e), true
+		}
+	}
+	return Decision{}, false
+}
+
+// repair restores a floor: toward decode one engine a pass (decode-floor repair), toward
+// prefill as many as the floor needs in one move (prefill-floor restoration). Pins, health and
+// dwell hold; the evidence window, thresholds, cooldown and confirmation do not.
+func (c *Controller) repair(s *state, dir string, n int) Decision {
+	d := c.base(s, CallerRepair)
+	d.Direction = dir
+	floor, pool := "decode", fleet.Prefill
+	if dir == ToPrefill {
+		floor, pool = "prefill", fleet.Decode
+	}
+	d.Reason = fmt.Sprintf("the live %s pool (%d prefill, %d decode) is below its floor (min_prefill %d, min_decode %d)",
+		floor, len(s.cur.Prefill), len(s.cur.Decode), c.cfg.MinPrefill, c.cfg.MinDecode)
+	var moved []fleet.Engine
+	var blocked []Gate
+	for _, e := range c.ranked(s, dir) {
+		if len(moved) == n {
+			break
+		}
+		gs := []Gate{
+			{Name: GatePins, Passed: !e.Pinned, Detail: fmt.Sprintf("%s pinned=%t", e.ID, e.Pinned)},
+			{Name: GateHealthExclusions, Passed: e.Live() && e.Role == pool, Detail: fmt.Sprintf("%s is %s", e.ID, e.Lifecycle)},
+			c.dwellGate(s.t, e),
+		}
+		ok := true
+		for _, g := range gs {
+			ok = ok && g.Passed
+		}
+		if ok {
+			moved = append(moved, e)
+			d.Gates = append(d.Gates, gs...)
+		} else if blocked == nil {
+			blocked = gs
+		}
+	}
+	if len(moved) == 0 {
+		d.Gates = blocked
+		d.Outcome = OutcomeBlocked
+		d.Reason += "; no engine may move"
+		for _, g := range blocked {
+			if !g.Passed {
+				d.Reason += " (" + g.Name + ")"
+				return c.advise(d, &g)
+			}
+		}
+		return c.advise(d, nil)
+	}
+	after := Split{len(s.cur.Prefill) - len(moved), len(s.cur.Decode) + len(moved)}
+	if dir == ToPrefill {
+		after = Split{len(s.cur.Prefill) + len(moved), len(s.cur.Decode) - len(moved)}
+	}
+	d.SplitAfter = after
+	d.Switch = "routing"
+	if c.cfg.Advisory {
+		d.Outcome, d.AdvisoryResult, d.SplitAfter = OutcomeAdvisory, "would_move", after
+		return d
+	}
+	d.Outcome = OutcomeMoved
+	for _, e := range moved {
+		to := fleet.Decode
+		if dir == ToPrefill {
+			to = fleet.Prefill
+		}
+		d.Moves = append(d.Moves, Move{Engine: e.ID, From: e.Role.String(), To: to.String()})
+	}
+	return d
+}
+
+// ranked orders the live engines that could move in dir as the donor rules do: toward prefill
+// the lightest decode engines, toward decode the prefill engines with the least projected
+// prefill work; ties by id.
+func (c *Controller) ranked(s *state, dir string) []fleet.Engine {
+	from := fleet.Decode
+	if dir == ToDecode {
+		from = fleet.Prefill
+	}
+	var pool []fleet.Engine
+	for _, e := range s.fleet.Engines {
+		if e.Live() && e.Role == from {
+			pool = append(pool, e)
+		}
+	}
+	key := func(e fleet.Engine) (float64, float64) {
+		l := s.loads[e.ID]
+		switch {
+		case l == nil:
+			return 0, 0
+		case dir == ToPrefill:
+			return float64(l.DecodeResidents), float64(l.ReservedStreams)
+		}
+		return l.BusyUntilS, 0
+	}
+	sort.SliceStable(pool, func(i, j int) bool {
+		wi, ri := key(pool[i])
+		wj, rj := key(pool[j])
+		if wi != wj || ri != rj {
+			return wi < wj || wi == wj && ri < rj
+		}
+		return pool[i].ID < pool[j].ID
+	})
+	return pool
+}
+
+// readmit gives an engine that became active again the role whose pool the pricing says needs
+// it more: the split with it as prefill or as decode, whichever has the lower worst. A pinned
+// engine keeps its role.
+func (c *Controller) readmit(s *state, e fleet.Engine) Decision {
+	d := c.base(s, CallerReadmission)
+	step := c.cfg.Reactive.StepS
+	without := router.Split{}
+	for _, id := range s.cur.Prefill {
+		if id != e.ID {
+			without.Prefill = append(without.Prefill, id)
+		}
+	}
+	for _, id := range s.cur.Decode {
+		if id != e.ID {
+			without.Decode = append(without.Decode, id)
+		}
+	}
+	asPrefill := router.Split{Prefill: append(append([]string(nil), without.Prefill...), e.ID), Decode: without.Decode}
+	asDecode := router.Split{Prefill: without.Prefill, Decode: append(append([]string(nil), without.Decode...), e.ID)}
+	pp, pd := s.view.Price(s.now, asPrefill, step), s.view.Price(s.now, asDecode, step)
+	d.Candidates = []Priced{priced(asPrefill, pp, e.Role == fleet.Prefill, e.ID), priced(asDecode, pd, e.Role == fleet.Decode, e.ID)}
+	want, dir := fleet.Prefill, ToPrefill
+	if pd.Worst < pp.Worst {
+		want, dir = fleet.Decode, ToDecode
+	}
+	d.Gates = []Gate{{Name: GatePins, Passed: !e.Pinned || want == e.Role, Detail: fmt.Sprintf("%s pinned=%t", e.ID, e.Pinned)}}
+	switch {
+	case want == e.Role:
+		d.Outcome = OutcomeRetained
+		d.Reason = fmt.Sprintf("%s readmitted as %s: worst %.3f as prefill, %.3f as decode", e.ID, e.Role, pp.Worst, pd.Worst)
+		return c.advise(d, nil)
+	case e.Pinned:
+		d.Outcome = OutcomeBlocked
+		d.Reason = fmt.Sprintf("%s readmitted as %s (pinned); %s would price lower", e.ID, e.Role, want)
+		return c.advise(d, &d.Gates[0])
+	}
+	d.Direction = dir
+	d.Reason = fmt.Sprintf("%s readmitted as %s: worst %.3f as prefill, %.3f as decode", e.ID, want, pp.Worst, pd.Worst)
+	d.SplitAfter = Split{len(asPrefill.Prefill), len(asPrefill.Decode)}
+	if want == fleet.Decode {
+		d.SplitAfter = Split{len(asDecode.Prefill), len(asDecode.Decode)}
+	}
+	if c.cfg.Advisory {
+		d.Outcome, d.AdvisoryResult = OutcomeAdvisory, "would_move"
+		return d
+	}
+	d.Outcome, d.Switch = OutcomeMoved, "routing"
+	d.Moves = []Move{{Engine: e.ID, From: e.Role.String(), To: want.String()}}
+	return d
 }

@@ -213,6 +213,8 @@ func (d *driver) init(td *datadriven.TestData) {
 			cfg.Controller.Advisory = v == "true"
 		case "min_decode":
 			cfg.Controller.MinDecode = int(f)
+		case "min_prefill":
+			cfg.Controller.MinPrefill = int(f)
 		case "ttft":
 			cfg.SLO.TTFTS = f
 		case "tpot":
