@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/controller"
 	"github.com/narwhal-llm/narwhal/envoy"
 	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/fleet"
@@ -36,6 +37,11 @@ type Options struct {
 	Sizing func() []extproc.SizingError
 	// XDS reports the xDS server's clients, pushes and NACKs; nil without it.
 	XDS interface{ Stats() envoy.Stats }
+	// Controller reports the last decisions and the arrival-evidence window; nil without it.
+	Controller interface {
+		Recent() []controller.Decision
+		Window() controller.WindowState
+	}
 }
 
 // Server is the admin HTTP API. Create it with New; it is ready once SetReady(true).
@@ -83,7 +89,12 @@ func (s *Server) Snapshot() State {
 		Advisory:       s.o.Config.Controller.Advisory,
 		EvidenceWindow: EvidenceWindow{Open: true, OpenedAt: rfc3339(s.o.Start)},
 		Sizing:         []SizingState{},
-		Decisions:      []json.RawMessage{},
+		Decisions:      []controller.Decision{},
+	}
+	if s.o.Controller != nil {
+		w := s.o.Controller.Window()
+		st.EvidenceWindow = EvidenceWindow{Open: w.Open, OpenedAt: rfc3339(s.o.Start.Add(config.Seconds(w.OpenedAtS))), Arrivals: int(w.Arrivals)}
+		st.Decisions = s.o.Controller.Recent()
 	}
 	var loads []router.EngineLoad
 	if s.o.Router != nil {

@@ -1,9 +1,9 @@
 package admin
 
 import (
-	"encoding/json"
 	"time"
 
+	"github.com/narwhal-llm/narwhal/controller"
 	"github.com/narwhal-llm/narwhal/envoy"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
@@ -13,19 +13,19 @@ import (
 // own are reported as they stand: with no requests routed and no evaluation run yet, they are
 // zero, and the shape is already the contract's.
 type State struct {
-	Time           string            `json:"time"`
-	Advisory       bool              `json:"advisory"`
-	FleetVersion   uint64            `json:"fleet_version"`
-	Split          Split             `json:"split"`
-	Engines        []EngineState     `json:"engines"`
-	Fallback       string            `json:"fallback,omitempty"` // the aggregate fallback engine, when one serves
-	Demand         router.Demand     `json:"demand"`
-	Retained       router.Retained   `json:"retained"`
-	Counters       router.Counters   `json:"counters"`
-	Sizing         []SizingState     `json:"sizing"`
-	XDS            *envoy.Stats      `json:"xds,omitempty"` // connected Envoys, pushes, NACKs
-	EvidenceWindow EvidenceWindow    `json:"evidence_window"`
-	Decisions      []json.RawMessage `json:"decisions"`
+	Time           string                `json:"time"`
+	Advisory       bool                  `json:"advisory"`
+	FleetVersion   uint64                `json:"fleet_version"`
+	Split          Split                 `json:"split"`
+	Engines        []EngineState         `json:"engines"`
+	Fallback       string                `json:"fallback,omitempty"` // the aggregate fallback engine, when one serves
+	Demand         router.Demand         `json:"demand"`
+	Retained       router.Retained       `json:"retained"`
+	Counters       router.Counters       `json:"counters"`
+	Sizing         []SizingState         `json:"sizing"`
+	XDS            *envoy.Stats          `json:"xds,omitempty"` // connected Envoys, pushes, NACKs
+	EvidenceWindow EvidenceWindow        `json:"evidence_window"`
+	Decisions      []controller.Decision `json:"decisions"` // the last records, oldest first
 }
 
 // SizingState is the running error of local prompt sizing for one model, measured against the

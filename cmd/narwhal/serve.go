@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"os/signal"
 	"sync"
 	"syscall"
@@ -29,7 +30,7 @@ import (
 )
 
 func newServe(g *globalFlags, stderr io.Writer) *cobra.Command {
-	var path string
+	var path, decisions string
 	cmd := &cobra.Command{
 		Use:   "serve [--config FILE]",
 		Short: "Run Narwhal until SIGINT/SIGTERM (the embedded default config without --config)",
@@ -43,12 +44,22 @@ func newServe(g *globalFlags, stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			var dlog io.Writer
+			if decisions != "" {
+				f, err := os.OpenFile(decisions, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+				if err != nil {
+					return failureErr(fmt.Errorf("--decisions: %w", err))
+				}
+				defer f.Close()
+				dlog = f
+			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return serve(ctx, cfg, log)
+			return serve(ctx, cfg, log, dlog)
 		},
 	}
 	cmd.Flags().StringVar(&path, "config", "", "config file (YAML)")
+	cmd.Flags().StringVar(&decisions, "decisions", "", "write the decision log (JSON lines) to this file")
 	return cmd
 }
 
@@ -56,7 +67,7 @@ func newServe(g *globalFlags, stderr io.Writer) *cobra.Command {
 // shutdown_grace_s: readiness drops, new ext_proc streams are refused, residents finish (up to
 // the grace), then the xDS and admin servers stop. Listeners open first, so that a port in use
 // fails before anything runs.
-func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
+func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions io.Writer) error {
 	lns, err := listenAll(cfg)
 	if err != nil {
 		return err
@@ -73,21 +84,31 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		closeAll(lns)
 		return usageErr(fmt.Errorf("router.sizing: %w", err))
 	}
+	var dlog *controller.Log
+	if decisions != nil {
+		dlog = controller.NewLog(decisions, start, cfg, f.Snapshot())
+	}
 	f.OnChange(func(ev fleet.Event) {
 		log.Info("fleet change", "version", ev.Version, "kind", ev.Kind, "engine", ev.Engine,
 			"from", ev.From, "to", ev.To, "pinned", ev.Pinned, "drained", ev.Held, "cause", ev.Cause)
+		dlog.Fleet(ev)
 	})
 	reg := prometheus.NewRegistry()
 	metrics := admin.NewMetrics(reg, f, version)
+	var roles *controller.Live // the router's urgent triggers go to the role controller
 	live := router.NewLive(router.New(cfg, f.Snapshot(), start), time.Now, router.Hooks{
-		Eject: func(e router.Ejection) { eject(f, e, log) },
+		Eject:   func(e router.Ejection) { eject(f, e, log) },
+		Trigger: func(tr router.Trigger) { roles.Trigger(tr) },
+	})
+	roles = controller.NewLive(controller.New(cfg, start), controller.LiveOptions{
+		Fleet: f, Router: live, Logger: log, Observer: admin.NewControllerMetrics(reg), Log: dlog,
 	})
 	admin.RegisterRouter(reg, live)
 	xds := envoy.NewServer(cfg.XDS.ClusterPrefix, f, log, reg)
 	xdsSrv := grpc.NewServer(envoy.ServerOptions()...)
 	xds.Register(xdsSrv)
 	adm := admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log,
-		Router: live, Sizing: sizer.Errors, XDS: xds})
+		Router: live, Sizing: sizer.Errors, XDS: xds, Controller: roles})
 	grpcSrv := grpc.NewServer(extproc.GRPCServerOptions(cfg)...)
 	health := grpchealth.NewServer() // Envoy's ext_proc cluster health-checks over gRPC
 	healthpb.RegisterHealthServer(grpcSrv, health)
@@ -135,6 +156,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	wg.Go(func() { _ = monitor.Run(runCtx) })
 	wg.Go(func() { _ = live.Run(runCtx) })
 	wg.Go(func() { live.Follow(runCtx, f) })
+	wg.Go(func() { _ = roles.Run(runCtx) })
 	adm.SetReady(true)
 	p, d := countRoles(cfg)
 	log.Info("narwhal serving", "version", version, "admin", adminLn.Addr().String(),

@@ -1,0 +1,247 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/router"
+)
+
+// Router is the live router as the controller's wrapper uses it (router.Live implements it):
+// evaluations run on the router itself, under its lock, so they price exactly what placement
+// sees.
+type Router interface {
+	Do(fn func(now time.Time, r *router.Router))
+}
+
+var _ Router = (*router.Live)(nil)
+
+// Observer receives every decision (metrics); nil is allowed.
+type Observer interface {
+	ObserveDecision(d *Decision, took time.Duration)
+}
+
+// RecentDecisions is how many decision records Live keeps for /narwhal/state.
+const RecentDecisions = 64
+
+// Live runs a Controller in real time, as router.Live runs the router: it serializes calls,
+// sleeps until the controller's next deadline (or an urgent trigger), runs each evaluation due
+// on the router under the router's lock, and applies the moves to the fleet, which pushes them
+// to the router and to every Envoy. Decisions and fleet events go to the decision log.
+type Live struct {
+	fleet    *fleet.Fleet
+	router   Router
+	log      *slog.Logger
+	observer Observer
+	dlog     *Log
+
+	mu     sync.Mutex
+	c      *Controller
+	recent []Decision
+	kick   chan struct{}
+}
+
+// LiveOptions configure NewLive.
+type LiveOptions struct {
+	Fleet    *fleet.Fleet
+	Router   Router
+	Logger   *slog.Logger
+	Observer Observer
+	Log      *Log // the decision log; nil writes none
+}
+
+// NewLive wraps c.
+func NewLive(c *Controller, o LiveOptions) *Live {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Live{c: c, fleet: o.Fleet, router: o.Router, log: o.Logger, observer: o.Observer, dlog: o.Log, kick: make(chan struct{}, 1)}
+}
+
+// Trigger hands the controller an urgent-wake trigger (router.Hooks.Trigger).
+func (l *Live) Trigger(tr router.Trigger) {
+	l.mu.Lock()
+	l.c.Trigger(tr)
+	l.mu.Unlock()
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Recent returns the last decision records, oldest first.
+func (l *Live) Recent() []Decision {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]Decision(nil), l.recent...)
+}
+
+// Window returns the arrival-evidence window as the last evaluation saw it.
+func (l *Live) Window() WindowState {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.c.windowState()
+}
+
+// Run evaluates until ctx is done.
+func (l *Live) Run(ctx context.Context) error {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		l.evaluateDue()
+		l.mu.Lock()
+		next := l.c.NextDeadline()
+		l.mu.Unlock()
+		timer.Reset(max(time.Until(next), time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timer.C:
+		case <-l.kick:
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+		}
+	}
+}
+
+// evaluateDue runs every evaluation due now, applying each one's moves before the next.
+func (l *Live) evaluateDue() {
+	for {
+		var d Decision
+		var ok bool
+		var took time.Duration
+		snap := l.fleet.Snapshot()
+		l.router.Do(func(now time.Time, r *router.Router) {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			if l.c.NextDeadline().After(now) {
+				return
+			}
+			begin := time.Now()
+			d, ok = l.c.Tick(now, snap, r)
+			took = time.Since(begin)
+		})
+		if !ok {
+			return
+		}
+		l.apply(&d)
+		if l.observer != nil {
+			l.observer.ObserveDecision(&d, took)
+		}
+		l.mu.Lock()
+		if len(l.recent) == RecentDecisions {
+			copy(l.recent, l.recent[1:])
+			l.recent = l.recent[:RecentDecisions-1]
+		}
+		l.recent = append(l.recent, d)
+		l.mu.Unlock()
+		l.dlog.Decision(&d)
+		if d.Outcome != OutcomeRetained {
+			l.log.Info("role decision", "seq", d.Seq, "caller", d.Caller, "outcome", d.Outcome, "reason", d.Reason, "moves", d.Moves)
+		}
+	}
+}
+
+// apply makes a decision's moves in the fleet; a move the fleet refuses (an engine pinned or
+// failed in between) is logged and left out of the record.
+func (l *Live) apply(d *Decision) {
+	kept := d.Moves[:0]
+	for _, m := range d.Moves {
+		role, err := fleet.ParseRole(m.To)
+		if err == nil {
+			_, err = l.fleet.SetRole(m.Engine, role, time.Now(), DecisionCause(d.Seq))
+		}
+		if err != nil {
+			l.log.Warn("role move refused", "decision", d.Seq, "engine", m.Engine, "err", err)
+			continue
+		}
+		kept = append(kept, m)
+	}
+	d.Moves = kept
+}
+
+// DecisionCause is the fleet event cause of a move made by decision seq.
+func DecisionCause(seq uint64) string { return "decision " + strconv.FormatUint(seq, 10) }
+
+// Log writes the decision log (docs/role-control.md, "Decision log"): JSON lines, the
+// effective config and a fleet snapshot first, then every fleet event and decision in the
+// order they happened. It is safe for concurrent use; a nil *Log writes nothing.
+type Log struct {
+	mu    sync.Mutex
+	w     io.Writer
+	enc   *json.Encoder
+	epoch time.Time
+	err   error
+}
+
+// NewLog starts a decision log on w at epoch, with the config and the fleet as they start.
+func NewLog(w io.Writer, epoch time.Time, cfg *config.Config, snap fleet.Snapshot) *Log {
+	l := &Log{w: w, enc: json.NewEncoder(w), epoch: epoch}
+	l.write(map[string]any{"kind": "config", "time_s": 0.0, "controller": cfg.Controller, "slo": cfg.SLO})
+	engines := make([]map[string]any, 0, len(snap.Engines))
+	for _, e := range snap.Engines {
+		engines = append(engines, map[string]any{"id": e.ID, "role": e.Role.String(), "lifecycle": e.Lifecycle.String(), "pinned": e.Pinned})
+	}
+	l.write(map[string]any{"kind": "fleet", "time_s": 0.0, "event": "snapshot", "engines": engines})
+	return l
+}
+
+// Fleet logs one fleet event (fleet.Fleet.OnChange). Address changes are left out.
+func (l *Log) Fleet(ev fleet.Event) {
+	if l == nil || ev.Kind == fleet.EventAddress {
+		return
+	}
+	rec := map[string]any{"kind": "fleet", "time_s": ev.Time.Sub(l.epoch).Seconds(), "event": string(ev.Kind), "engine": ev.Engine, "cause": ev.Cause}
+	switch ev.Kind {
+	case fleet.EventPin:
+		rec["pinned"] = ev.Pinned
+	case fleet.EventHold:
+		rec["held"] = ev.Held
+	default:
+		rec["from"], rec["to"] = ev.From, ev.To
+	}
+	if n, ok := strings.CutPrefix(ev.Cause, "decision "); ok && ev.Kind == fleet.EventRole {
+		if seq, err := strconv.ParseUint(n, 10, 64); err == nil {
+			rec["decision"] = seq
+		}
+	}
+	l.write(rec)
+}
+
+// Decision logs one decision record.
+func (l *Log) Decision(d *Decision) {
+	if l != nil {
+		l.write(d)
+	}
+}
+
+// Err is the first write error, if any.
+func (l *Log) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+func (l *Log) write(v any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return
+	}
+	if err := l.enc.Encode(v); err != nil {
+		l.err = fmt.Errorf("decision log: %w", err)
+	}
+}
