@@ -25,7 +25,8 @@ type Router interface {
 
 var _ Router = (*router.Live)(nil)
 
-// Observer receives every decision (metrics); nil is allowed.
+// Observer receives every decision (metrics) once it is applied, logged and listed by Recent;
+// nil is allowed.
 type Observer interface {
 	ObserveDecision(d *Decision, took time.Duration)
 }
@@ -137,10 +138,8 @@ func (l *Live) evaluateDue() {
 		if !ok {
 			return
 		}
-		l.apply(&d)
-		if l.observer != nil {
-			l.observer.ObserveDecision(&d, took)
-		}
+		l.apply(&d) // its fleet events go to the log before the decision
+		l.dlog.Decision(&d)
 		l.mu.Lock()
 		if len(l.recent) == RecentDecisions {
 			copy(l.recent, l.recent[1:])
@@ -148,9 +147,11 @@ func (l *Live) evaluateDue() {
 		}
 		l.recent = append(l.recent, d)
 		l.mu.Unlock()
-		l.dlog.Decision(&d)
 		if d.Outcome != OutcomeRetained {
 			l.log.Info("role decision", "seq", d.Seq, "caller", d.Caller, "outcome", d.Outcome, "reason", d.Reason, "moves", d.Moves)
+		}
+		if l.observer != nil {
+			l.observer.ObserveDecision(&d, took)
 		}
 	}
 }
