@@ -1,4 +1,4 @@
-// Package admin serves Narwhal's admin HTTP API (contract.md, "Admin HTTP"): liveness and
+// Package admin serves Narwhal's admin HTTP API (README, "Admin API"): liveness and
 // readiness, Prometheus metrics, /narwhal/state, and the engine lifecycle and pin calls.
 package admin
 

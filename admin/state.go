@@ -9,7 +9,7 @@ import (
 	"github.com/narwhal-llm/narwhal/router"
 )
 
-// State is the JSON of GET /narwhal/state (contract.md). Parts that the router and controller
+// State is the JSON of GET /narwhal/state (README). Parts that the router and controller
 // own are reported as they stand: with no requests routed and no evaluation run yet, they are
 // zero, and the shape is already the contract's.
 type State struct {
@@ -63,7 +63,7 @@ type EngineState struct {
 	Passive          router.Passive    `json:"passive"` // passive health: upstream failures in a row, ejected
 }
 
-// EvidenceWindow is the arrival-evidence window (role-control.md section 7).
+// EvidenceWindow is the arrival-evidence window (docs/role-control.md section 7).
 type EvidenceWindow struct {
 	Open     bool   `json:"open"`
 	OpenedAt string `json:"opened_at"`

@@ -1,6 +1,6 @@
 // Package config holds Narwhal's configuration schema, its defaults, the embedded default
 // config and strict validation. Every key has a default; durations are seconds as numbers
-// in keys ending in _s. Names are fixed by the contract (shared/design/contract.md).
+// in keys ending in _s. Names are fixed by the contract (README, "Configuration").
 package config
 
 import "time"
@@ -112,7 +112,7 @@ type PrefixAffinity struct {
 	Entries     int  `yaml:"entries" json:"entries"`
 }
 
-// Controller configures role control (shared/design/role-control.md).
+// Controller configures role control (docs/role-control.md).
 type Controller struct {
 	Advisory   bool       `yaml:"advisory" json:"advisory"`
 	MinPrefill int        `yaml:"min_prefill" json:"min_prefill"`

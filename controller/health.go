@@ -9,7 +9,7 @@ import (
 )
 
 // Health is the deterministic core of the health monitor: it turns probe results, each with the
-// time it was seen, into lifecycle transitions of the fleet (role-control.md section 8):
+// time it was seen, into lifecycle transitions of the fleet (docs/role-control.md section 8):
 //
 //   - an active engine fails after health.unhealthy_after consecutive failed probes;
 //   - a failed engine, or one an operator undrained, becomes recovering after

@@ -22,7 +22,7 @@ const MaxModelBytes = 256
 // added to its content's size.
 const MessageOverheadTokens = 4
 
-// Rejection codes of ParseRequest (contract.md, rejections table).
+// Rejection codes of ParseRequest (README, the rejections table).
 const (
 	CodeInvalidRequest = "invalid_request"
 	CodeBodyTooLarge   = "body_too_large"

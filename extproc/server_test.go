@@ -452,7 +452,7 @@ func TestEngineKilled(t *testing.T) {
 	}
 }
 
-// TestAggregateFallback runs role-control.md section 8 through the data path: both prefill
+// TestAggregateFallback runs docs/role-control.md section 8 through the data path: both prefill
 // engines drained → the fallback refuses new work until its decode residents drain → aggregate
 // placements (no prefiller header) → a prefill engine returns → disaggregated again.
 func TestAggregateFallback(t *testing.T) {

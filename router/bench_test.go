@@ -133,7 +133,7 @@ func BenchmarkMemory(b *testing.B) {
 	}
 }
 
-// BenchmarkPrice measures one Price of the current split (role-control.md section 3: the
+// BenchmarkPrice measures one Price of the current split (docs/role-control.md section 3: the
 // waiting set and the priced demand of the next step list-scheduled onto the prefill pool, the
 // decode pool loaded with the waiting requests' streams) with waiting requests behind full
 // prefill engines. Offers arrive 100 a second, so the priced demand of a 5 s step injects

@@ -14,7 +14,7 @@ type Split struct {
 }
 
 // Pricing is a candidate split priced through the FIFO completion projection
-// (role-control.md section 3). Ratios above an engine's stream capacity are +Inf.
+// (docs/role-control.md section 3). Ratios above an engine's stream capacity are +Inf.
 type Pricing struct {
 	TTFTRatio float64 // largest projected TTFT (waiting set and the probe) / slo.ttft_s
 	TPOTRatio float64 // largest projected seconds per output token / slo.tpot_s
@@ -118,7 +118,7 @@ func (r *Router) loadSplit(t float64, s Split) (pool, dec []int, handoff float64
 
 // RequestTTFT is the projected TTFT of the waiting request h under split s at now: the
 // waiting set ahead of it list-scheduled in FIFO order onto the split's prefill engines, then
-// it, then the handoff (role-control.md section 6 compares this for the current and the
+// it, then the handoff (docs/role-control.md section 6 compares this for the current and the
 // candidate split). prefill is its own prefill seconds alone on the fastest engine of the
 // split. ok is false when h is not waiting.
 func (r *Router) RequestTTFT(now time.Time, s Split, h Handle) (ttft, prefill float64, ok bool) {
@@ -146,7 +146,7 @@ func (r *Router) RequestTTFT(now time.Time, s Split, h Handle) (ttft, prefill fl
 }
 
 // FirstTokenTimeoutAt is when the latest first-token timeout happened (false before any): the
-// controller restarts its arrival-evidence window from it (role-control.md section 7).
+// controller restarts its arrival-evidence window from it (docs/role-control.md section 7).
 func (r *Router) FirstTokenTimeoutAt() (time.Time, bool) {
 	if r.counters.FirstTokenTimeouts == 0 {
 		return time.Time{}, false

@@ -2,7 +2,7 @@
 // admission, dispatch gating by prefill concurrency, the FIFO completion projection, placement
 // of disaggregated and aggregate (fallback) requests, the prefix-affinity index, demand
 // estimates, online profile correction, and the demand accounting counters
-// (shared/design/role-control.md sections 1-4 and 8; contract.md).
+// (docs/role-control.md sections 1-4 and 8; README).
 //
 // Router is a deterministic state machine: it takes events with the current time as an
 // argument, owns no goroutines, does no I/O and reads no clock. It is not safe for concurrent
@@ -18,7 +18,7 @@ import (
 	"github.com/narwhal-llm/narwhal/fleet"
 )
 
-// The online profile correction (role-control.md section 4): each sample is an observed/curve
+// The online profile correction (docs/role-control.md section 4): each sample is an observed/curve
 // factor, folded in with weight correctionEWMA and clamped to [minCorrection, maxCorrection].
 // Without samples a factor decays toward 1, halfway every correctionHalfLifeS (applied every
 // decayEveryS), so that a factor that keeps its engine from getting traffic cannot starve it
@@ -327,7 +327,7 @@ func (r *Router) reject(c Code, retry int) Outcome {
 }
 
 // expectedOutput is the expected output tokens of a request without max_tokens: the running
-// mean of observed output lengths, else router.default_output_tokens (role-control.md
+// mean of observed output lengths, else router.default_output_tokens (docs/role-control.md
 // section 2). Observations are clamped (Complete), so the mean stays within engine limits.
 func (r *Router) expectedOutput() int64 {
 	if r.outN > 0 {
@@ -426,7 +426,7 @@ func (r *Router) projectTail(t float64, tokens int, prefix []uint64) (best int, 
 	return best, dur, done
 }
 
-// prefillFree is when engine i can start new prefill work (role-control.md section 3, one
+// prefillFree is when engine i can start new prefill work (docs/role-control.md section 3, one
 // projection for placement, admission, the urgent trigger and Price): after the prefill work
 // dispatched to it and, for a prefill engine that still streams decode residents (a donor just
 // moved from decode), their remaining decode work too — the sum of the two.
@@ -990,7 +990,7 @@ func (r *Router) NextDeadline() (time.Time, bool) {
 	return r.Time(next), true
 }
 
-// updateFallback keeps the aggregate fallback (role-control.md section 8): with no live prefill
+// updateFallback keeps the aggregate fallback (docs/role-control.md section 8): with no live prefill
 // engine, the lightest live decode engine that can prefill becomes the fallback; it takes new
 // work only after the decode residents it had drain. Fallback ends when a prefill engine is live.
 func (r *Router) updateFallback(t float64) {

@@ -29,7 +29,7 @@ type Retained struct {
 	Decoding             int   `json:"decoding"`
 }
 
-// Counters are the demand accounting counters (contract.md). In every snapshot:
+// Counters are the demand accounting counters (README). In every snapshot:
 //
 //	offers   = invalid + admitted + overflow (all but wait_timeout and shutting_down)
 //	admitted = retained.waiting + dispatched + overflow.wait_timeout + overflow.shutting_down + cancelled.waiting

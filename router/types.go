@@ -75,7 +75,7 @@ func (c Code) String() string {
 	return "unknown"
 }
 
-// Status is the HTTP status of a rejection (contract.md).
+// Status is the HTTP status of a rejection (README).
 func (c Code) Status() int {
 	switch c {
 	case WaitingSetFull, PredictedSLOMiss, FallbackBusy:

@@ -17,7 +17,7 @@ import (
 // version is set at build time (-ldflags "-X main.version=...").
 var version = "dev"
 
-// Exit codes (contract.md): 0 success, 1 runtime failure, 2 bad usage or invalid config.
+// Exit codes (README): 0 success, 1 runtime failure, 2 bad usage or invalid config.
 const (
 	exitFailure = 1
 	exitUsage   = 2

@@ -23,6 +23,6 @@
 //
 // The behaviour follows Envoy's ext_proc filter sources (ext_proc.cc,
 // processor_state.cc, mutation_utils.cc, mutation_rules.cc) and the checklist
-// in the Narwhal design notes (envoy-facts.md). Where this package simplifies,
+// in the Narwhal design notes (docs/envoy.md). Where this package simplifies,
 // the doc comment of the affected function says so.
 package envoytest
