@@ -41,6 +41,7 @@ type Options struct {
 	Controller interface {
 		Recent() []controller.Decision
 		Window() controller.WindowState
+		Advise(prefill, decode int, reason string) (controller.Decision, error)
 	}
 }
 
@@ -63,6 +64,7 @@ func New(o Options) *Server {
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn)}))
 	s.mux.HandleFunc("GET /narwhal/state", s.state)
 	s.mux.HandleFunc("POST /narwhal/engines/{id}/{action}", s.engineAction)
+	s.mux.HandleFunc("POST /narwhal/advise", s.advise)
 	return s
 }
 
@@ -116,6 +118,42 @@ func (s *Server) Snapshot() State {
 
 func (s *Server) state(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, s.Snapshot())
+}
+
+// advise serves POST /narwhal/advise: {"prefill": P, "decode": D, "reason": "..."} is evaluated
+// as an advisory decision and its record returned. Nothing moves.
+func (s *Server) advise(w http.ResponseWriter, r *http.Request) {
+	if !s.authorized(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="narwhal"`)
+		writeError(w, http.StatusUnauthorized, "unauthorized", "this call needs Authorization: Bearer <admin.token>")
+		return
+	}
+	if s.o.Controller == nil {
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "the role controller is not running")
+		return
+	}
+	var req struct {
+		Prefill *int   `json:"prefill"`
+		Decode  *int   `json:"decode"`
+		Reason  string `json:"reason"`
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil || req.Prefill == nil || req.Decode == nil {
+		msg := `the body must be {"prefill": P, "decode": D, "reason": "..."}`
+		if err != nil {
+			msg += ": " + err.Error()
+		}
+		writeError(w, http.StatusBadRequest, "invalid_request", msg)
+		return
+	}
+	d, err := s.o.Controller.Advise(*req.Prefill, *req.Decode, req.Reason)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+		return
+	}
+	s.o.Logger.Info("admin", "action", "advise", "prefill", *req.Prefill, "decode", *req.Decode, "result", d.AdvisoryResult, "remote", r.RemoteAddr)
+	writeJSON(w, http.StatusOK, d)
 }
 
 // engineAction serves POST /narwhal/engines/{id}/{drain|undrain|pin|unpin}.

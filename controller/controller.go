@@ -1,9 +1,11 @@
 package controller
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
@@ -384,61 +386,12 @@ func (c *Controller) advise(d Decision, failed *Gate) Decision {
 // prefill engine with the least projected prefill work left; ties by id. When no engine is
 // eligible, the best of the others is taken so that the gates say why.
 func (c *Controller) adjacent(s *state, dir string, step float64) (candidate, bool) {
-	from := fleet.Decode
-	if dir == ToDecode {
-		from = fleet.Prefill
-	}
-	var pool []fleet.Engine
-	for _, e := range s.fleet.Engines {
-		if e.Live() && e.Role == from {
-			pool = append(pool, e)
-		}
-	}
+	pool := c.ranked(s, dir)
 	if len(pool) == 0 {
 		return candidate{}, false
 	}
-	weight := func(e fleet.Engine) (float64, float64) {
-		l := s.loads[e.ID]
-		if l == nil {
-			return 0, 0
-		}
-		if dir == ToPrefill { // streams decoding there, then those reserved there
-			return float64(l.DecodeResidents), float64(l.ReservedStreams)
-		}
-		return l.BusyUntilS, 0
-	}
-	eligible := func(e fleet.Engine) bool {
-		return !e.Pinned && c.dwelt(s.t, e) && c.hasCurve(e, dir)
-	}
-	sort.SliceStable(pool, func(i, j int) bool {
-		ei, ej := eligible(pool[i]), eligible(pool[j])
-		if ei != ej {
-			return ei
-		}
-		if wi, ri := weight(pool[i]); true {
-			if wj, rj := weight(pool[j]); wi != wj || ri != rj {
-				return wi < wj || wi == wj && ri < rj
-			}
-		}
-		return pool[i].ID < pool[j].ID
-	})
 	donor := pool[0]
-	split := router.Split{}
-	for _, id := range s.cur.Prefill {
-		if id != donor.ID {
-			split.Prefill = append(split.Prefill, id)
-		}
-	}
-	for _, id := range s.cur.Decode {
-		if id != donor.ID {
-			split.Decode = append(split.Decode, id)
-		}
-	}
-	if dir == ToPrefill {
-		split.Prefill = append(split.Prefill, donor.ID)
-	} else {
-		split.Decode = append(split.Decode, donor.ID)
-	}
+	split := moveEngine(s.cur, donor.ID, dir)
 	return candidate{dir: dir, donor: donor, split: split, price: s.view.Price(s.now, split, step)}, true
 }
 
@@ -666,9 +619,10 @@ func (c *Controller) repair(s *state, dir string, n int) Decision {
 	return d
 }
 
-// ranked orders the live engines that could move in dir as the donor rules do: toward prefill
-// the lightest decode engines, toward decode the prefill engines with the least projected
-// prefill work; ties by id.
+// ranked orders the live engines that could move in dir by the donor rules: eligible ones
+// (unpinned, past their dwell, with the new role's curve) first; toward prefill the lightest
+// decode engines (fewest streams decoding, then fewest reserved), toward decode the prefill
+// engines with the least projected prefill work; ties by id.
 func (c *Controller) ranked(s *state, dir string) []fleet.Engine {
 	from := fleet.Decode
 	if dir == ToDecode {
@@ -690,7 +644,11 @@ func (c *Controller) ranked(s *state, dir string) []fleet.Engine {
 		}
 		return l.BusyUntilS, 0
 	}
+	eligible := func(e fleet.Engine) bool { return !e.Pinned && c.dwelt(s.t, e) && c.hasCurve(e, dir) }
 	sort.SliceStable(pool, func(i, j int) bool {
+		if ei, ej := eligible(pool[i]), eligible(pool[j]); ei != ej {
+			return ei
+		}
 		wi, ri := key(pool[i])
 		wj, rj := key(pool[j])
 		if wi != wj || ri != rj {
@@ -750,4 +708,78 @@ func (c *Controller) readmit(s *state, e fleet.Engine) Decision {
 	d.Outcome, d.Switch = OutcomeMoved, "routing"
 	d.Moves = []Move{{Engine: e.ID, From: e.Role.String(), To: want.String()}}
 	return d
+}
+
+// ErrProposal is a proposed split Advise cannot evaluate.
+var ErrProposal = errors.New("controller: bad proposed split")
+
+// Advise evaluates a proposed split as an advisory decision (POST /narwhal/advise, caller
+// api): the moves that reach it from the current split by the donor rules, priced, with the
+// gates of its direction checked on each moved engine (confirmation aside: an operator's
+// proposal needs none). Nothing moves, whatever controller.advisory says.
+func (c *Controller) Advise(now time.Time, fl fleet.Snapshot, v View, prefill, decode int, reason string) (Decision, error) {
+	t := c.at(now)
+	s := newState(c, now, t, fl, v)
+	c.observeWindow(t, &s)
+	p, d := len(s.cur.Prefill), len(s.cur.Decode)
+	if prefill < 0 || decode < 0 || prefill+decode != p+d {
+		return Decision{}, fmt.Errorf("%w: %d prefill + %d decode; the live engines are %d (%d prefill, %d decode)", ErrProposal, prefill, decode, p+d, p, d)
+	}
+	rec := c.base(&s, CallerAPI)
+	rec.Reason = reason
+	step := c.cfg.Reactive.StepS
+	p0 := v.Price(now, s.cur, step)
+	rec.Candidates = append(rec.Candidates, priced(s.cur, p0, true, ""))
+	rec.Outcome, rec.AdvisoryResult = OutcomeAdvisory, "retained"
+	if prefill == p {
+		return c.record(rec), nil
+	}
+	dir, n := ToPrefill, prefill-p
+	if n < 0 {
+		dir, n = ToDecode, -n
+	}
+	rec.Direction = dir
+	cand := candidate{dir: dir, split: s.cur}
+	for _, e := range c.ranked(&s, dir)[:n] {
+		cand.donor = e
+		cand.split = moveEngine(cand.split, e.ID, dir)
+	}
+	cand.price = v.Price(now, cand.split, step)
+	pc := priced(cand.split, cand.price, false, cand.donor.ID)
+	rec.Candidates = append(rec.Candidates, pc)
+	rec.SplitAfter = Split{len(cand.split.Prefill), len(cand.split.Decode)}
+	for _, e := range c.ranked(&s, dir)[:n] {
+		cand.donor = e
+		for _, g := range c.gates(&s, &cand, p0, CallerAPI) {
+			rec.Gates = append(rec.Gates, g)
+			if !g.Passed && !strings.HasPrefix(rec.AdvisoryResult, "blocked:") {
+				rec.AdvisoryResult = "blocked:" + g.Name
+			}
+		}
+	}
+	if rec.AdvisoryResult == "retained" {
+		rec.AdvisoryResult = "would_move"
+	}
+	return c.record(rec), nil
+}
+
+// moveEngine returns s with engine id moved to the pool of dir.
+func moveEngine(s router.Split, id, dir string) router.Split {
+	var out router.Split
+	for _, e := range s.Prefill {
+		if e != id {
+			out.Prefill = append(out.Prefill, e)
+		}
+	}
+	for _, e := range s.Decode {
+		if e != id {
+			out.Decode = append(out.Decode, e)
+		}
+	}
+	if dir == ToPrefill {
+		out.Prefill = append(out.Prefill, id)
+	} else {
+		out.Decode = append(out.Decode, id)
+	}
+	return out
 }

@@ -118,6 +118,24 @@ func (l *Live) Run(ctx context.Context) error {
 	}
 }
 
+// Advise evaluates a proposed split as an advisory decision (Controller.Advise) on the live
+// router, records it like any decision and returns it.
+func (l *Live) Advise(prefill, decode int, reason string) (Decision, error) {
+	var d Decision
+	var err error
+	snap := l.fleet.Snapshot()
+	begin := time.Now()
+	l.router.Do(func(now time.Time, r *router.Router) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		d, err = l.c.Advise(now, snap, r, prefill, decode, reason)
+	})
+	if err == nil {
+		l.publish(&d, time.Since(begin))
+	}
+	return d, err
+}
+
 // evaluateDue runs every evaluation due now, applying each one's moves before the next.
 func (l *Live) evaluateDue() {
 	for {
@@ -139,20 +157,25 @@ func (l *Live) evaluateDue() {
 			return
 		}
 		l.apply(&d) // its fleet events go to the log before the decision
-		l.dlog.Decision(&d)
-		l.mu.Lock()
-		if len(l.recent) == RecentDecisions {
-			copy(l.recent, l.recent[1:])
-			l.recent = l.recent[:RecentDecisions-1]
-		}
-		l.recent = append(l.recent, d)
-		l.mu.Unlock()
-		if d.Outcome != OutcomeRetained {
-			l.log.Info("role decision", "seq", d.Seq, "caller", d.Caller, "outcome", d.Outcome, "reason", d.Reason, "moves", d.Moves)
-		}
-		if l.observer != nil {
-			l.observer.ObserveDecision(&d, took)
-		}
+		l.publish(&d, took)
+	}
+}
+
+// publish logs a decision, lists it in Recent, and tells the observer.
+func (l *Live) publish(d *Decision, took time.Duration) {
+	l.dlog.Decision(d)
+	l.mu.Lock()
+	if len(l.recent) == RecentDecisions {
+		copy(l.recent, l.recent[1:])
+		l.recent = l.recent[:RecentDecisions-1]
+	}
+	l.recent = append(l.recent, *d)
+	l.mu.Unlock()
+	if d.Outcome != OutcomeRetained {
+		l.log.Info("role decision", "seq", d.Seq, "caller", d.Caller, "outcome", d.Outcome, "reason", d.Reason, "moves", d.Moves)
+	}
+	if l.observer != nil {
+		l.observer.ObserveDecision(d, took)
 	}
 }
 
