@@ -467,7 +467,7 @@ func (c *Controller) gates(s *state, cand *candidate, p0 router.Pricing, caller 
 	add(GateConsolidationTrend, dem.Short.OutputTokensPerS <= dem.Long.OutputTokensPerS*(1+th.TrendTolerance),
 		"short output %.1f tok/s, long %.1f tok/s, tolerance %g", dem.Short.OutputTokensPerS, dem.Long.OutputTokensPerS, th.TrendTolerance)
 	add(GateDecodeCapacity, !math.IsInf(cand.price.TPOTRatio, 1),
-		"the %d remaining decode engines carry every stream within capacity: tpot_ratio %s", d, ratio(cand.price.TPOTRatio))
+		"the %d remaining decode engines must carry every stream within capacity: candidate tpot_ratio %s", d, ratio(cand.price.TPOTRatio))
 	add(GateFlipResidentGuard, l.DecodeResidents <= th.FlipResidentGuard,
 		"%s decodes %d streams, guard %d", e.ID, l.DecodeResidents, th.FlipResidentGuard)
 	return gs

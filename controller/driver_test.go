@@ -24,6 +24,7 @@ import (
 //	tick at=.. [verbose]        prints every decision: outcome, reason, moves; verbose adds
 //	                            candidates and gates
 //	lifecycle id=.. to=.. [at=..]
+//	role id=.. to=.. [at=..]      a role change made outside the controller
 type driver struct {
 	t       *testing.T
 	cfg     *config.Config
@@ -83,6 +84,19 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 		d.r.Tick(now)
 		d.drain(&b)
 		d.evaluate(now, td.HasArg("verbose"), &b)
+	case "role": // an operator's or another controller's move
+		var id, to string
+		td.ScanArgs(t, "id", &id)
+		td.ScanArgs(t, "to", &to)
+		now := d.at(td)
+		role, err := fleet.ParseRole(to)
+		if err == nil {
+			_, err = d.fleet.SetRole(id, role, now, "test")
+		}
+		if err != nil {
+			fmt.Fprintf(&b, "error: %v\n", err)
+		}
+		d.r.SetFleet(now, d.fleet.Snapshot())
 	case "lifecycle":
 		var id, to string
 		td.ScanArgs(t, "id", &id)
