@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"bytes"
 	"fmt"
 	"strconv"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/cockroachdb/datadriven"
 
+	"github.com/narwhal-llm/narwhal/audit"
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
@@ -26,13 +28,16 @@ import (
 //	lifecycle id=.. to=.. [at=..]
 //	role id=.. to=.. [at=..]      a role change made outside the controller
 type driver struct {
-	t       *testing.T
-	cfg     *config.Config
-	fleet   *fleet.Fleet
-	r       *router.Router
-	c       *Controller
-	now     time.Time
-	handles map[string]router.Handle
+	t        *testing.T
+	log      *Log
+	buf      *bytes.Buffer
+	external bool // a role change outside the controller: the log is not the controller's alone
+	cfg      *config.Config
+	fleet    *fleet.Fleet
+	r        *router.Router
+	c        *Controller
+	now      time.Time
+	handles  map[string]router.Handle
 }
 
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -85,6 +90,7 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 		d.drain(&b)
 		d.evaluate(now, td.HasArg("verbose"), &b)
 	case "role": // an operator's or another controller's move
+		d.external = true
 		var id, to string
 		td.ScanArgs(t, "id", &id)
 		td.ScanArgs(t, "to", &to)
@@ -178,6 +184,7 @@ func (d *driver) evaluate(now time.Time, verbose bool, b *strings.Builder) {
 				d.t.Fatalf("applying decision %d: %v", dec.Seq, err)
 			}
 		}
+		d.log.Decision(&dec) // after its moves' fleet events, as Live logs it
 		d.r.SetFleet(now, d.fleet.Snapshot())
 	}
 }
@@ -256,15 +263,35 @@ func (d *driver) init(td *datadriven.TestData) {
 	if err != nil {
 		d.t.Fatal(err)
 	}
+	d.audit()
+	d.buf, d.external = &bytes.Buffer{}, false
+	d.log = NewLog(d.buf, epoch, cfg, fl.Snapshot())
+	fl.OnChange(d.log.Fleet)
 	d.cfg, d.fleet, d.now = cfg, fl, epoch
 	d.r = router.New(cfg, fl.Snapshot(), epoch)
 	d.c = New(cfg, epoch)
 	d.handles = map[string]router.Handle{}
 }
 
+// audit checks the decision log of the scenario that ran: the auditor finds nothing in any
+// controller test's log (unless the scenario moved engines behind the controller's back).
+func (d *driver) audit() {
+	if d.buf == nil || d.external {
+		return
+	}
+	res, err := audit.Audit(bytes.NewReader(d.buf.Bytes()), nil)
+	if err != nil {
+		d.t.Fatalf("audit: %v\n%s", err, d.buf)
+	}
+	for _, v := range res.Violations {
+		d.t.Errorf("audit: %v", v)
+	}
+}
+
 func TestDataDriven(t *testing.T) {
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
 		d := &driver{t: t}
 		datadriven.RunTest(t, path, d.run)
+		d.audit()
 	})
 }

@@ -81,6 +81,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		newValidate(stdout),
 		newEnvoyConfig(stdout),
 		newEngineSim(&g, stderr),
+		newAudit(stdout),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",
