@@ -20,10 +20,11 @@ import (
 //   - streaks count from the engine's last lifecycle change, whoever made it: an engine that
 //     passive health checking marked failed needs health.healthy_after good probes from then.
 //
-// It keeps only the consecutive-result streaks. It is not safe for concurrent use.
+// It keeps only the consecutive-result streaks and changes nothing: Observe returns the
+// transition, and the caller applies it to the fleet (Apply does both, as the monitor does).
+// It is not safe for concurrent use.
 type Health struct {
 	cfg     config.Health
-	fleet   *fleet.Fleet
 	streaks map[string]*streak
 }
 
@@ -32,23 +33,19 @@ type streak struct {
 	since      time.Time // the lifecycle change the streak counts from
 }
 
-// NewHealth returns the health core for a fleet.
-func NewHealth(cfg config.Health, f *fleet.Fleet) *Health {
-	return &Health{cfg: cfg, fleet: f, streaks: map[string]*streak{}}
+// NewHealth returns the health core.
+func NewHealth(cfg config.Health) *Health {
+	return &Health{cfg: cfg, streaks: map[string]*streak{}}
 }
 
-// Observe applies one probe result of engine id seen at now. It returns the transition it made
-// (to is zero when none) or an error when the engine is unknown or the fleet refused the change
-// (an operator drained it in between, say).
-func (h *Health) Observe(now time.Time, id string, ok bool) (to fleet.Lifecycle, err error) {
-	e, found := h.fleet.Engine(id)
-	if !found {
-		return 0, fmt.Errorf("%w %q", fleet.ErrUnknownEngine, id)
-	}
-	s := h.streaks[id]
+// Observe takes one probe result of engine e (as the fleet has it now) seen at now, and
+// returns the lifecycle it must move to (zero when none). The streak goes on from the change
+// when the caller applies it; a change made by anyone else restarts it.
+func (h *Health) Observe(now time.Time, e fleet.Engine, ok bool) fleet.Lifecycle {
+	s := h.streaks[e.ID]
 	if s == nil {
 		s = &streak{}
-		h.streaks[id] = s
+		h.streaks[e.ID] = s
 	}
 	if !s.since.Equal(e.LifecycleSince) {
 		*s = streak{since: e.LifecycleSince}
@@ -60,17 +57,30 @@ func (h *Health) Observe(now time.Time, id string, ok bool) (to fleet.Lifecycle,
 	}
 	if e.Held {
 		*s = streak{}
-		return 0, nil
+		return 0
 	}
-	to = h.next(&e, s, now)
+	to := h.next(&e, s, now)
+	if to != 0 {
+		s.since = now // the change the caller applies at now: the streak goes on
+	}
+	return to
+}
+
+// Apply observes one probe result of engine id and applies the transition to the fleet. It
+// returns the transition made (zero when none), or an error when the engine is unknown or the
+// fleet refused the change (an operator drained it in between, say).
+func Apply(h *Health, f *fleet.Fleet, now time.Time, id string, ok bool) (fleet.Lifecycle, error) {
+	e, found := f.Engine(id)
+	if !found {
+		return 0, fmt.Errorf("%w %q", fleet.ErrUnknownEngine, id)
+	}
+	to := h.Observe(now, e, ok)
 	if to == 0 {
 		return 0, nil
 	}
-	ne, err := h.fleet.SetLifecycle(id, to, now, "health")
-	if err != nil {
+	if _, err := f.SetLifecycle(id, to, now, "health"); err != nil {
 		return 0, err
 	}
-	s.since = ne.LifecycleSince // its own change: the streak goes on
 	return to, nil
 }
 

@@ -264,10 +264,10 @@ func TestHealthRules(t *testing.T) {
 			if tt.before != nil {
 				tt.before(f)
 			}
-			h := NewHealth(cfg.Health, f)
+			h := NewHealth(cfg.Health)
 			for _, p := range tt.probes {
 				at := t0.Add(time.Duration(p.at * float64(time.Second)))
-				if _, err := h.Observe(at, "e1", p.ok); err != nil {
+				if _, err := Apply(h, f, at, "e1", p.ok); err != nil {
 					t.Fatalf("t=%v: %v", p.at, err)
 				}
 				if e, _ := f.Engine("e1"); e.Lifecycle.String() != p.want {
@@ -277,7 +277,7 @@ func TestHealthRules(t *testing.T) {
 		})
 	}
 	_, f := testFleet(t)
-	if _, err := NewHealth(config.Default().Health, f).Observe(t0, "nope", true); !errors.Is(err, fleet.ErrUnknownEngine) {
+	if _, err := Apply(NewHealth(config.Default().Health), f, t0, "nope", true); !errors.Is(err, fleet.ErrUnknownEngine) {
 		t.Fatalf("unknown engine: %v", err)
 	}
 }
@@ -332,11 +332,11 @@ func TestHTTPProber(t *testing.T) {
 // it had before (issue 7).
 func TestHealthCountsFromPassiveFailure(t *testing.T) {
 	c, f := testFleet(t)
-	h := NewHealth(c.Health, f)
+	h := NewHealth(c.Health)
 	now := t0
 	for i := 0; i < 5; i++ { // a long run of good probes
 		now = now.Add(time.Second)
-		if to, err := h.Observe(now, "e3", true); err != nil || to != 0 {
+		if to, err := Apply(h, f, now, "e3", true); err != nil || to != 0 {
 			t.Fatalf("probe %d: %v %v", i, to, err)
 		}
 	}
@@ -346,7 +346,7 @@ func TestHealthCountsFromPassiveFailure(t *testing.T) {
 	}
 	for i := 1; i <= c.Health.HealthyAfter; i++ {
 		now = now.Add(time.Second)
-		to, err := h.Observe(now, "e3", true)
+		to, err := Apply(h, f, now, "e3", true)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -127,7 +127,7 @@ func NewMonitor(cfg config.Health, f *fleet.Fleet, p Prober, c Clock, observer P
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Monitor{cfg: cfg, fleet: f, core: NewHealth(cfg, f), prober: p, clock: c, observer: observer, log: log}
+	return &Monitor{cfg: cfg, fleet: f, core: NewHealth(cfg), prober: p, clock: c, observer: observer, log: log}
 }
 
 // Run probes until ctx is done; it returns ctx's error.
@@ -189,7 +189,7 @@ func (m *Monitor) Pass(ctx context.Context) {
 		if !ok {
 			m.log.Debug("health probe failed", "engine", id, "err", r.err)
 		}
-		switch _, err := m.core.Observe(now, id, ok); {
+		switch _, err := Apply(m.core, m.fleet, now, id, ok); {
 		case errors.Is(err, fleet.ErrTransition):
 			m.log.Debug("health transition refused", "engine", id, "err", err)
 		case err != nil:
