@@ -1,7 +1,10 @@
 package controller
 
 import (
+	"context"
 	"fmt"
+	"sort"
+	"sync"
 	"testing"
 	"time"
 
@@ -81,4 +84,86 @@ func benchFleet(b *testing.B, n, waiting int) (*Controller, fleet.Snapshot, *rou
 	c := New(cfg, epoch)
 	c.win.closed = true
 	return c, f.Snapshot(), r, now, tr
+}
+
+// BenchmarkPlacementUnderEvaluations measures the p99 latency of one placement (Offer, first
+// token, completion on router.Live) by 4 concurrent callers on 64 engines: alone, while a
+// goroutine runs a regular pass under the router's lock every millisecond (5,000 times the
+// production cadence of one per step_s), and back to back (the worst case).
+func BenchmarkPlacementUnderEvaluations(b *testing.B) {
+	for _, every := range []time.Duration{-1, time.Millisecond, 0} {
+		name := map[time.Duration]string{-1: "none", time.Millisecond: "every-1ms", 0: "back-to-back"}[every]
+		evaluating := every >= 0
+		b.Run("evaluations="+name, func(b *testing.B) {
+			cfg := config.Default()
+			cfg.Controller.Advisory = true
+			for i := 0; i < 64; i++ {
+				role := "prefill"
+				if i%2 == 1 {
+					role = "decode"
+				}
+				cfg.Engines = append(cfg.Engines, config.Engine{ID: fmt.Sprintf("e%d", i), Address: fmt.Sprintf("10.0.0.%d:8000", i), Role: role, Profile: config.DefaultProfileName})
+			}
+			f, err := fleet.New(cfg, time.Now())
+			if err != nil {
+				b.Fatal(err)
+			}
+			rl := router.NewLive(router.New(cfg, f.Snapshot(), time.Now()), time.Now, router.Hooks{})
+			c := New(cfg, time.Now())
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for evaluating {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					snap := f.Snapshot()
+					rl.Do(func(now time.Time, r *router.Router) {
+						c.nextPass = 0
+						c.Tick(now, snap, r)
+					})
+					if every > 0 {
+						time.Sleep(every) // the evaluation cadence, not a synchronisation
+					}
+				}
+			}()
+			const callers = 4
+			lat := make([][]time.Duration, callers)
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			for k := 0; k < callers; k++ {
+				wg.Go(func() {
+					for i := k; i < b.N; i += callers {
+						begin := time.Now()
+						o, err := rl.Offer(context.Background(), router.Offer{ID: "r", PromptTokens: 1024, MaxTokens: 128})
+						if err != nil || o.Status != router.Dispatched {
+							b.Errorf("%+v %v", o, err)
+							return
+						}
+						_ = rl.FirstToken(o.Handle)
+						_ = rl.Complete(o.Handle, 128)
+						lat[k] = append(lat[k], time.Since(begin))
+					}
+				})
+			}
+			wg.Wait()
+			b.StopTimer()
+			close(stop)
+			<-done
+			var all []time.Duration
+			for _, l := range lat {
+				all = append(all, l...)
+			}
+			sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
+			if len(all) > 0 {
+				q := func(f float64) float64 { return float64(all[int(f*float64(len(all)-1))].Nanoseconds()) / 1e3 }
+				b.ReportMetric(q(0.5), "p50-µs")
+				b.ReportMetric(q(0.99), "p99-µs")
+				b.ReportMetric(q(0.999), "p99.9-µs")
+			}
+		})
+	}
 }
