@@ -1,0 +1,53 @@
+package controller
+
+import "testing"
+
+// One test per gate of docs/role-control.md section 7 that a move can fail, showing it blocking
+// a move that is otherwise motivated and strictly improving, and one showing it passing in a
+// move that is made (testdata/gates.d; the scripts print every gate with its detail). Three
+// gates cannot fail by construction and have no blocking test: health_exclusions (donors are
+// taken from the live pools), resident_ownership (it always holds: residents stay), and
+// confirmation (a regular move's motive already needs confirm_passes).
+
+const (
+	toPrefillAllows = "testdata/gates.d/to_prefill_allows" // a regular move toward prefill: every gate of its direction passes
+	toDecodeAllows  = "testdata/gates.d/to_decode_allows"  // a regular move toward decode: every gate of its direction passes
+)
+
+func TestGate_Pins_Blocks(t *testing.T)  { runScript(t, "testdata/gates.d/pins_blocks") }
+func TestGate_Pins_Allows(t *testing.T)  { runScript(t, toPrefillAllows) }
+func TestGate_Dwell_Blocks(t *testing.T) { runScript(t, "testdata/gates.d/dwell_blocks") }
+func TestGate_Dwell_Allows(t *testing.T) { runScript(t, toDecodeAllows) }
+func TestGate_RoleFloors_Blocks(t *testing.T) {
+	runScript(t, "testdata/gates.d/role_floors_blocks")
+}
+func TestGate_RoleFloors_Allows(t *testing.T) { runScript(t, toPrefillAllows) }
+func TestGate_ProfileCoverage_Blocks(t *testing.T) {
+	runScript(t, "testdata/gates.d/profile_coverage_blocks")
+}
+func TestGate_ProfileCoverage_Allows(t *testing.T) { runScript(t, toDecodeAllows) }
+func TestGate_Cooldown_Blocks(t *testing.T)        { runScript(t, "testdata/gates.d/cooldown_blocks") }
+func TestGate_Cooldown_Allows(t *testing.T)        { runScript(t, toDecodeAllows) }
+func TestGate_Confirmation_Allows(t *testing.T)    { runScript(t, toDecodeAllows) }
+func TestGate_ConsolidationEvidence_Blocks(t *testing.T) {
+	runScript(t, "testdata/gates.d/consolidation_evidence_blocks")
+}
+func TestGate_ConsolidationEvidence_Allows(t *testing.T) { runScript(t, toPrefillAllows) }
+func TestGate_DecodeStability_Blocks(t *testing.T) {
+	runScript(t, "testdata/gates.d/decode_stability_blocks")
+}
+func TestGate_DecodeStability_Allows(t *testing.T) { runScript(t, toPrefillAllows) }
+func TestGate_ConsolidationTrend_Blocks(t *testing.T) {
+	runScript(t, "testdata/gates.d/consolidation_trend_blocks")
+}
+func TestGate_ConsolidationTrend_Allows(t *testing.T) { runScript(t, toPrefillAllows) }
+func TestGate_DecodeCapacity_Blocks(t *testing.T) {
+	runScript(t, "testdata/gates.d/decode_capacity_blocks")
+}
+func TestGate_DecodeCapacity_Allows(t *testing.T) { runScript(t, toPrefillAllows) }
+func TestGate_FlipResidentGuard_Blocks(t *testing.T) {
+	runScript(t, "testdata/gates.d/flip_resident_guard_blocks")
+}
+func TestGate_FlipResidentGuard_Allows(t *testing.T) { runScript(t, toPrefillAllows) }
+func TestGate_HealthExclusions_Allows(t *testing.T)  { runScript(t, toPrefillAllows) }
+func TestGate_ResidentOwnership_Allows(t *testing.T) { runScript(t, toPrefillAllows) }
