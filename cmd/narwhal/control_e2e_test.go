@@ -112,3 +112,120 @@ engines:
 	}
 	t.Logf("audit: %s", strings.TrimSpace(out))
 }
+
+// TestServeUrgentDroppedAndRetained: through narwhal serve, a burst that drains before
+// urgent_delay_s gives an urgent decision `dropped` and no move; a request whose own prefill
+// alone exceeds slo.ttft_s, with both splits projecting it the same, gives `retained` with
+// reason prefill_exceeds_slo.
+func TestServeUrgentDroppedAndRetained(t *testing.T) {
+	addrs := freeAddrs(t, 6)
+	admin, extprocAddr, xdsAddr, engines := addrs[0], addrs[1], addrs[2], addrs[3:]
+	for i, a := range engines {
+		startEngine(t, a, map[bool]string{true: "prefill", false: "decode"}[i == 0])
+	}
+	cfg := fmt.Sprintf(`listen: {admin: %q, extproc: %q, xds: %q}
+slo: {ttft_s: 0.3}
+router: {waiting_set: {max_wait_s: 60}, first_token_timeout_s: 60}
+shutdown_grace_s: 1
+controller:
+  reactive: {step_s: 30, urgent_delay_s: 0.25, evidence_span_s: 0.1, evidence_min_arrivals: 0, evidence_max_span_s: 1}
+profiles:
+  one:
+    prefill: {base_s: 0.0165, per_token_s: 1.52e-5, per_token2_s: 4.21e-10, max_tokens: 16384}
+    prefill_concurrency: 1
+    decode: {base_s: 0.0045, per_stream_s: 2.8e-5, per_kv_token_s: 3.08e-8, max_streams: 256, max_kv_tokens: 945000}
+    kv_transfer_s: 0.005
+engines:
+  - {id: e1, address: %q, role: prefill, profile: one}
+  - {id: e2, address: %q, role: decode, profile: one}
+  - {id: e3, address: %q, role: decode, profile: one}
+`, admin, extprocAddr, xdsAddr, engines[0], engines[1], engines[2])
+	start(t, "serve", "--config", writeConfig(t, cfg))
+	waitFor(t, admin, 10*time.Second, "three active engines", allActive(3))
+	client := envoytest.NewTestClient(t, extprocAddr, envoytest.Mode{RequestBody: envoytest.Buffered,
+		ResponseBody: envoytest.Streamed, MessageTimeout: time.Minute, BufferLimit: 8 << 20})
+	hdrs := envoytest.NewRequestHeaders(http.MethodPost, "/v1/completions", "gw", http.Header{"Content-Type": {"application/json"}})
+	long := `{"model":"m","prompt":"` + strings.Repeat("word ", 12800) + `","max_tokens":8,"stream":true}` // ~16,000 tokens: 0.38 s of prefill
+	x := client.NewExchange(context.Background())
+	t.Cleanup(x.Close)
+	if res, err := x.ProcessRequest(envoytest.Request{Headers: hdrs, Body: strings.NewReader(long)}); err != nil || res.LocalReply != nil {
+		t.Fatalf("first: %+v %v", res, err)
+	}
+	// The burst: one more request waits (and triggers), then its client goes away.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		y := client.NewExchange(ctx)
+		defer y.Close()
+		_, _ = y.ProcessRequest(envoytest.Request{Headers: hdrs, Body: strings.NewReader(long)})
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for getInt(t, admin, "waiting") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the second request did not wait")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	urgent := func(outcome string) decisionView {
+		t.Helper()
+		var found decisionView
+		deadline := time.Now().Add(5 * time.Second)
+		for found.Seq == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("no urgent %s decision", outcome)
+			}
+			for _, d := range getDecisions(t, admin) {
+				if d.Caller == "urgent" && d.Outcome == outcome {
+					found = d
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return found
+	}
+	urgent("dropped")
+	// Now the first request's prefill is overdue: e1 is projected free now, as a moved decode
+	// engine would be; a long prompt alone exceeds the 0.3 s SLO.
+	zctx, zcancel := context.WithCancel(context.Background())
+	zdone := make(chan struct{})
+	go func() {
+		defer close(zdone)
+		z := client.NewExchange(zctx)
+		defer z.Close()
+		_, _ = z.ProcessRequest(envoytest.Request{Headers: hdrs, Body: strings.NewReader(long)})
+	}()
+	t.Cleanup(func() { zcancel(); <-zdone })
+	if d := urgent("retained"); d.Reason != "prefill_exceeds_slo" {
+		t.Fatalf("retained for %q", d.Reason)
+	}
+	st := waitFor(t, admin, time.Second, "roles unchanged", func(s stateView) bool { return s.Split.Prefill == 1 && s.Split.Decode == 2 })
+	for _, e := range st.Engines {
+		if want := map[string]string{"e1": "prefill", "e2": "decode", "e3": "decode"}[e.ID]; e.Role != want {
+			t.Fatalf("%s became %s", e.ID, e.Role)
+		}
+	}
+}
+
+type decisionView struct {
+	Seq     uint64 `json:"seq"`
+	Caller  string `json:"caller"`
+	Outcome string `json:"outcome"`
+	Reason  string `json:"reason"`
+}
+
+func getDecisions(t *testing.T, admin string) []decisionView {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/narwhal/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st struct{ Decisions []decisionView }
+	if err := jsonDecode(resp.Body, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Decisions
+}
