@@ -88,8 +88,9 @@ func benchFleet(b *testing.B, n, waiting int) (*Controller, fleet.Snapshot, *rou
 
 // BenchmarkPlacementUnderEvaluations measures the p99 latency of one placement (Offer, first
 // token, completion on router.Live) by 4 concurrent callers on 64 engines: alone, while a
-// goroutine runs a regular pass under the router's lock every millisecond (5,000 times the
-// production cadence of one per step_s), and back to back (the worst case).
+// goroutine runs a regular pass every millisecond (5,000 times the production cadence of one
+// per step_s), and back to back (the worst case) — each on a fork taken under the router's
+// lock, as controller.Live does.
 func BenchmarkPlacementUnderEvaluations(b *testing.B) {
 	for _, every := range []time.Duration{-1, time.Millisecond, 0} {
 		name := map[time.Duration]string{-1: "none", time.Millisecond: "every-1ms", 0: "back-to-back"}[every]
@@ -110,6 +111,7 @@ func BenchmarkPlacementUnderEvaluations(b *testing.B) {
 			}
 			rl := router.NewLive(router.New(cfg, f.Snapshot(), time.Now()), time.Now, router.Hooks{})
 			c := New(cfg, time.Now())
+			var fork *router.Router
 			stop := make(chan struct{})
 			done := make(chan struct{})
 			go func() {
@@ -120,11 +122,11 @@ func BenchmarkPlacementUnderEvaluations(b *testing.B) {
 						return
 					default:
 					}
-					snap := f.Snapshot()
-					rl.Do(func(now time.Time, r *router.Router) {
-						c.nextPass = 0
-						c.Tick(now, snap, r)
-					})
+					snap := f.Snapshot() // as Live: a fork under the lock, the pass outside it
+					var now time.Time
+					rl.Do(func(t time.Time, r *router.Router) { now, fork = t, r.Fork(fork) })
+					c.nextPass = 0
+					c.Tick(now, snap, fork)
 					if every > 0 {
 						time.Sleep(every) // the evaluation cadence, not a synchronisation
 					}

@@ -17,8 +17,8 @@ import (
 )
 
 // Router is the live router as the controller's wrapper uses it (router.Live implements it):
-// evaluations run on the router itself, under its lock, so they price exactly what placement
-// sees.
+// each evaluation prices a fork of the router taken under its lock (router.Router.Fork), so it
+// prices exactly what placement saw at that instant without holding placement up.
 type Router interface {
 	Do(fn func(now time.Time, r *router.Router))
 }
@@ -47,6 +47,7 @@ type Live struct {
 
 	mu     sync.Mutex
 	c      *Controller
+	fork   *router.Router // the router as the last evaluation priced it (storage reused)
 	recent []Decision
 	kick   chan struct{}
 }
@@ -125,11 +126,11 @@ func (l *Live) Advise(prefill, decode int, reason string) (Decision, error) {
 	var err error
 	snap := l.fleet.Snapshot()
 	begin := time.Now()
-	l.router.Do(func(now time.Time, r *router.Router) {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		d, err = l.c.Advise(now, snap, r, prefill, decode, reason)
-	})
+	l.mu.Lock()
+	var now time.Time
+	l.router.Do(func(t time.Time, r *router.Router) { now, l.fork = t, r.Fork(l.fork) })
+	d, err = l.c.Advise(now, snap, l.fork, prefill, decode, reason)
+	l.mu.Unlock()
 	if err == nil {
 		l.publish(&d, time.Since(begin))
 	}
@@ -143,16 +144,15 @@ func (l *Live) evaluateDue() {
 		var ok bool
 		var took time.Duration
 		snap := l.fleet.Snapshot()
-		l.router.Do(func(now time.Time, r *router.Router) {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			if l.c.NextDeadline().After(now) {
-				return
-			}
+		l.mu.Lock()
+		var now time.Time
+		l.router.Do(func(t time.Time, r *router.Router) { now, l.fork = t, r.Fork(l.fork) })
+		if !l.c.NextDeadline().After(now) {
 			begin := time.Now()
-			d, ok = l.c.Tick(now, snap, r)
+			d, ok = l.c.Tick(now, snap, l.fork)
 			took = time.Since(begin)
-		})
+		}
+		l.mu.Unlock()
 		if !ok {
 			return
 		}

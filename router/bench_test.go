@@ -160,3 +160,26 @@ func BenchmarkPrice(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkFork measures the copy the controller takes under the live router's lock before it
+// prices outside it.
+func BenchmarkFork(b *testing.B) {
+	for _, n := range []int{64, 1024} {
+		for _, waiting := range []int{1000, 10000} {
+			b.Run(fmt.Sprintf("engines=%d/waiting=%d", n, waiting), func(b *testing.B) {
+				r := benchRouter(b, n)
+				now := epoch
+				for i := 0; r.Snapshot(now).Retained.Waiting < waiting; i++ {
+					now = now.Add(10 * time.Millisecond)
+					r.Offer(now, Offer{ID: "r", PromptTokens: 512 + i%1024, MaxTokens: 64})
+				}
+				f := r.Fork(nil)
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					f = r.Fork(f)
+				}
+			})
+		}
+	}
+}

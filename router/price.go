@@ -357,3 +357,28 @@ func (d *decodeSched) place(need int64) {
 	d.kv[e] += need
 	c.load.fix(c.curve.PerStreamS*float64(d.streams[e]) + c.curve.PerKVTokenS*float64(d.kv[e]))
 }
+
+// Fork copies the router into dst for pricing away from the live one (the controller prices a
+// fork outside the live wrapper's lock, so that an evaluation never stalls placement), reusing
+// dst's storage: pass the previous fork, or nil for a new one. The fork shares nothing the live
+// router changes: engines, entries, the waiting set and the demand samples are copied; it has no
+// prefix-affinity index, outbox, trigger or ejections. Only read-only calls (Price,
+// RequestTTFT, Snapshot, Demand, FirstTokenTimeoutAt) are meant for it.
+func (r *Router) Fork(dst *Router) *Router {
+	if dst == nil {
+		dst = &Router{}
+	}
+	keep := *dst
+	*dst = *r
+	dst.engines = append(keep.engines[:0], r.engines...)
+	dst.slots = append(keep.slots[:0], r.slots...)
+	dst.free = nil
+	dst.waiting = ring{buf: append(keep.waiting.buf[:0], r.waiting.buf...), head: r.waiting.head, size: r.waiting.size}
+	dst.inFlight, dst.unary = ring{}, minHeap{}
+	dst.demand.ring = append(keep.demand.ring[:0], r.demand.ring...)
+	dst.prefillPool = append(keep.prefillPool[:0], r.prefillPool...)
+	dst.decodePool = append(keep.decodePool[:0], r.decodePool...)
+	dst.aff, dst.outbox, dst.ejections, dst.urgent = nil, nil, nil, false
+	dst.pricing = keep.pricing
+	return dst
+}
