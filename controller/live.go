@@ -36,8 +36,9 @@ const RecentDecisions = 64
 
 // Live runs a Controller in real time, as router.Live runs the router: it serializes calls,
 // sleeps until the controller's next deadline (or an urgent trigger), runs each evaluation due
-// on the router under the router's lock, and applies the moves to the fleet, which pushes them
-// to the router and to every Envoy. Decisions and fleet events go to the decision log.
+// on a fork of the router copied under the router's lock (placement is not held up while it
+// prices), and applies the moves to the fleet, which pushes them to the router and to every
+// Envoy. Decisions and fleet events go to the decision log.
 type Live struct {
 	fleet    *fleet.Fleet
 	router   Router
