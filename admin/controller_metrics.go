@@ -29,7 +29,7 @@ func NewControllerMetrics(reg prometheus.Registerer) *ControllerMetrics {
 			Name: "narwhal_gate_blocks_total", Help: "Evaluations a gate blocked, by gate.",
 		}, []string{"gate"}),
 		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "narwhal_evaluation_duration_seconds", Help: "Time one controller evaluation took (under the router's lock).",
+			Name: "narwhal_evaluation_duration_seconds", Help: "Time one controller evaluation took (on a fork of the router, outside its lock).",
 			Buckets: []float64{1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2},
 		}),
 	}
