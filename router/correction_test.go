@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,21 +36,12 @@ func TestCorrectionUnderLoad(t *testing.T) {
 	for _, truth := range []float64{0.5, 1, 2} {
 		t.Run(fmt.Sprint(truth), func(t *testing.T) {
 			cfg := config.Default()
-			cfg.Engines = []config.Engine{
-				{ID: "p", Address: "10.0.0.1:80", Role: "prefill", Profile: config.DefaultProfileName},
-				{ID: "d", Address: "10.0.0.2:80", Role: "decode", Profile: config.DefaultProfileName},
-			}
-			f, err := fleet.New(cfg, epoch)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r := New(cfg, f.Snapshot(), epoch)
+			r := testRouter(t, cfg, "p prefill", "d decode")
 			prof := cfg.Profiles[config.DefaultProfileName]
 			const prompt = 2000
 			service := truth * prof.Prefill.Seconds(prompt) // the engine's true prefill time
 			rate := 0.87 / service
 			rng := rand.New(rand.NewPCG(1, uint64(truth*10)))
-			at := func(s float64) time.Time { return epoch.Add(time.Duration(s * float64(time.Second))) }
 
 			var q events
 			free := 0.0 // the FIFO engine is free of earlier prefills at this time
@@ -103,19 +95,8 @@ func TestCorrectionUnderLoad(t *testing.T) {
 // without samples it decays toward 1 (halfway every correctionHalfLifeS), and the engine takes
 // placements again once it prices below the loaded one.
 func TestCorrectionDecaysWithoutSamples(t *testing.T) {
-	cfg := config.Default()
-	cfg.Engines = []config.Engine{
-		{ID: "p", Address: "10.0.0.1:80", Role: "prefill", Profile: config.DefaultProfileName},
-		{ID: "d1", Address: "10.0.0.2:80", Role: "decode", Profile: config.DefaultProfileName},
-		{ID: "d2", Address: "10.0.0.3:80", Role: "decode", Profile: config.DefaultProfileName},
-	}
-	f, err := fleet.New(cfg, epoch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := New(cfg, f.Snapshot(), epoch)
+	r := testRouter(t, config.Default(), "p prefill", "d1 decode", "d2 decode")
 	r.engines[1].corr[1] = maxCorrection // a few slow early samples drove d1 to the bound
-	at := func(s float64) time.Time { return epoch.Add(time.Duration(s * float64(time.Second))) }
 	first := -1.0
 	for s := 0.0; s < 600; s++ { // one long request a second; each stays decoding
 		o := r.Offer(at(s), Offer{ID: "r", PromptTokens: 100, MaxTokens: 2000})
@@ -135,3 +116,20 @@ func TestCorrectionDecaysWithoutSamples(t *testing.T) {
 		t.Fatalf("d1's factor %.3f after %v s without samples, want %.3f", c, first, want)
 	}
 }
+
+// testRouter builds a router over engines given as "id role", on the default profile.
+func testRouter(t *testing.T, cfg *config.Config, engines ...string) *Router {
+	t.Helper()
+	for i, e := range engines {
+		f := strings.Fields(e)
+		cfg.Engines = append(cfg.Engines, config.Engine{ID: f[0], Address: fmt.Sprintf("10.0.0.%d:80", i+1), Role: f[1], Profile: config.DefaultProfileName})
+	}
+	fl, err := fleet.New(cfg, epoch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return New(cfg, fl.Snapshot(), epoch)
+}
+
+// at is a time seconds after the test epoch.
+func at(s float64) time.Time { return epoch.Add(time.Duration(s * float64(time.Second))) }

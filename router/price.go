@@ -241,40 +241,50 @@ type pricing struct {
 	decode  decodeSched
 }
 
-// prefillSched is the FIFO completion projection onto a prefill pool: each request goes to
-// the engine on which it completes first.
-type prefillSched struct{ classes []prefillClass }
-
-type prefillClass struct {
-	curve *config.PrefillCurve
+// class is one pricing class: the engines of one curve whose correction factors are within
+// classWidth, in a heap (by free time for prefill, by load for decode).
+type class[C any] struct {
+	curve *C
 	class int64
-	corr  float64
-	free  minHeap // engines by the time they are free
+	corr  float64 // the factor of its first engine, which prices them all
+	heap  minHeap
 }
 
-func (p *prefillSched) reset() {
-	for i := range p.classes {
-		p.classes[i].free.reset()
+// resetClasses empties a class list, keeping its storage.
+func resetClasses[C any](cs *[]class[C]) {
+	for i := range *cs {
+		(*cs)[i].heap.reset()
 	}
-	p.classes = p.classes[:0]
+	*cs = (*cs)[:0]
 }
 
-func (p *prefillSched) add(curve *config.PrefillCurve, corr, free float64, engine int) {
+// join adds an engine with its heap key to the class of its curve and factor.
+func join[C any](cs *[]class[C], curve *C, corr, key float64, engine int) {
 	k := classOf(corr)
-	for i := range p.classes {
-		if c := &p.classes[i]; c.curve == curve && c.class == k {
-			c.free.push(free, uint64(engine))
+	for i := range *cs {
+		if c := &(*cs)[i]; c.curve == curve && c.class == k {
+			c.heap.push(key, uint64(engine))
 			return
 		}
 	}
-	if len(p.classes) < cap(p.classes) {
-		p.classes = p.classes[:len(p.classes)+1]
+	if len(*cs) < cap(*cs) {
+		*cs = (*cs)[:len(*cs)+1]
 	} else {
-		p.classes = append(p.classes, prefillClass{})
+		*cs = append(*cs, class[C]{})
 	}
-	c := &p.classes[len(p.classes)-1]
+	c := &(*cs)[len(*cs)-1]
 	c.curve, c.class, c.corr = curve, k, corr
-	c.free.push(free, uint64(engine))
+	c.heap.push(key, uint64(engine))
+}
+
+// prefillSched is the FIFO completion projection onto a prefill pool: each request goes to
+// the engine on which it completes first (within a class, the one free first).
+type prefillSched struct{ classes []class[config.PrefillCurve] }
+
+func (p *prefillSched) reset() { resetClasses(&p.classes) }
+
+func (p *prefillSched) add(curve *config.PrefillCurve, corr, free float64, engine int) {
+	join(&p.classes, curve, corr, free, engine)
 }
 
 // schedule places one request of tokens arriving at arrival and returns when its prefill
@@ -283,36 +293,27 @@ func (p *prefillSched) schedule(tokens int, arrival float64) float64 {
 	best, done := -1, math.Inf(1)
 	for i := range p.classes {
 		c := &p.classes[i]
-		if end := max(c.free.peek().key, arrival) + c.curve.Seconds(max(tokens, 1))*c.corr; end < done {
+		if end := max(c.heap.peek().key, arrival) + c.curve.Seconds(max(tokens, 1))*c.corr; end < done {
 			best, done = i, end
 		}
 	}
 	if best >= 0 {
-		p.classes[best].free.fix(done)
+		p.classes[best].heap.fix(done)
 	}
 	return done
 }
 
 // decodeSched spreads streams over a decode pool as placement does: each to the engine with
-// the lowest step time for one more stream (within a class, the least loaded engine).
+// the lowest step time for one more stream (within a class, the least loaded engine, by
+// per_stream_s·streams + per_kv_token_s·kv).
 type decodeSched struct {
-	classes []decodeClass
+	classes []class[config.DecodeCurve]
 	streams []int   // by engine index
 	kv      []int64 // by engine index
 }
 
-type decodeClass struct {
-	curve *config.DecodeCurve
-	class int64
-	corr  float64
-	load  minHeap // engines by per_stream_s·streams + per_kv_token_s·kv
-}
-
 func (d *decodeSched) reset(engines int) {
-	for i := range d.classes {
-		d.classes[i].load.reset()
-	}
-	d.classes = d.classes[:0]
+	resetClasses(&d.classes)
 	if len(d.streams) < engines {
 		d.streams, d.kv = make([]int, engines), make([]int64, engines)
 	}
@@ -320,22 +321,7 @@ func (d *decodeSched) reset(engines int) {
 
 func (d *decodeSched) add(curve *config.DecodeCurve, corr float64, streams int, kv int64, engine int) {
 	d.streams[engine], d.kv[engine] = streams, kv
-	k := classOf(corr)
-	load := curve.PerStreamS*float64(streams) + curve.PerKVTokenS*float64(kv)
-	for i := range d.classes {
-		if c := &d.classes[i]; c.curve == curve && c.class == k {
-			c.load.push(load, uint64(engine))
-			return
-		}
-	}
-	if len(d.classes) < cap(d.classes) {
-		d.classes = d.classes[:len(d.classes)+1]
-	} else {
-		d.classes = append(d.classes, decodeClass{})
-	}
-	c := &d.classes[len(d.classes)-1]
-	c.curve, c.class, c.corr = curve, k, corr
-	c.load.push(load, uint64(engine))
+	join(&d.classes, curve, corr, curve.PerStreamS*float64(streams)+curve.PerKVTokenS*float64(kv), engine)
 }
 
 // place adds one stream reserving need KV tokens where it steps fastest.
@@ -343,7 +329,7 @@ func (d *decodeSched) place(need int64) {
 	best, bestStep := -1, math.Inf(1)
 	for i := range d.classes {
 		c := &d.classes[i]
-		load := c.load.peek().key + c.curve.PerStreamS + c.curve.PerKVTokenS*float64(need)
+		load := c.heap.peek().key + c.curve.PerStreamS + c.curve.PerKVTokenS*float64(need)
 		if s := (c.curve.BaseS + load) * c.corr; s < bestStep {
 			best, bestStep = i, s
 		}
@@ -352,10 +338,10 @@ func (d *decodeSched) place(need int64) {
 		return
 	}
 	c := &d.classes[best]
-	e := int(c.load.peek().id)
+	e := int(c.heap.peek().id)
 	d.streams[e]++
 	d.kv[e] += need
-	c.load.fix(c.curve.PerStreamS*float64(d.streams[e]) + c.curve.PerKVTokenS*float64(d.kv[e]))
+	c.heap.fix(c.curve.PerStreamS*float64(d.streams[e]) + c.curve.PerKVTokenS*float64(d.kv[e]))
 }
 
 // Fork copies the router into dst for pricing away from the live one (the controller prices a

@@ -2,10 +2,8 @@ package router
 
 import (
 	"testing"
-	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
-	"github.com/narwhal-llm/narwhal/fleet"
 )
 
 // Issue 8: priced demand is injected in expectation, fractions included: 1.9 requests/s over a
@@ -15,16 +13,7 @@ func TestPriceInjectsFractionalDemand(t *testing.T) {
 	p := cfg.Profiles[config.DefaultProfileName]
 	p.Prefill = &config.PrefillCurve{BaseS: 1, MaxTokens: 16384} // one second a prompt
 	cfg.Profiles[config.DefaultProfileName] = p
-	cfg.Engines = []config.Engine{
-		{ID: "p", Address: "10.0.0.1:80", Role: "prefill", Profile: config.DefaultProfileName},
-		{ID: "d", Address: "10.0.0.2:80", Role: "decode", Profile: config.DefaultProfileName},
-	}
-	f, err := fleet.New(cfg, epoch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := New(cfg, f.Snapshot(), epoch)
-	at := func(s float64) time.Time { return epoch.Add(time.Duration(s * float64(time.Second))) }
+	r := testRouter(t, cfg, "p prefill", "d decode")
 	for k := 0; k < 19; k++ { // 1.9 requests/s over the 10 s short horizon, each done at once
 		o := r.Offer(at(float64(k)*0.5), Offer{ID: "r", PromptTokens: 100, MaxTokens: 1})
 		if o.Status != Dispatched {

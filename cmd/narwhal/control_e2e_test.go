@@ -27,24 +27,7 @@ func TestServeRoleControlEndToEnd(t *testing.T) {
 	for i, a := range engines {
 		procs[i] = startEngine(t, a, map[bool]string{true: "prefill", false: "decode"}[i == 0])
 	}
-	cfg := fmt.Sprintf(`listen: {admin: %q, extproc: %q, xds: %q}
-health: {interval_s: 0.1, timeout_s: 0.1, unhealthy_after: 3, healthy_after: 3, recover_s: 0.5}
-router: {waiting_set: {max_wait_s: 60}, first_token_timeout_s: 60}
-shutdown_grace_s: 1
-controller:
-  monitor: {interval_s: 0.2}
-  reactive: {step_s: 30, urgent_delay_s: 0.25, evidence_span_s: 0.1, evidence_min_arrivals: 0, evidence_max_span_s: 1}
-profiles:
-  one:
-    prefill: {base_s: 0.0165, per_token_s: 1.52e-5, per_token2_s: 4.21e-10, max_tokens: 16384}
-    prefill_concurrency: 1
-    decode: {base_s: 0.0045, per_stream_s: 2.8e-5, per_kv_token_s: 3.08e-8, max_streams: 256, max_kv_tokens: 945000}
-    kv_transfer_s: 0.005
-engines:
-  - {id: e1, address: %q, role: prefill, profile: one}
-  - {id: e2, address: %q, role: decode, profile: one}
-  - {id: e3, address: %q, role: decode, profile: one}
-`, admin, extprocAddr, xdsAddr, engines[0], engines[1], engines[2])
+	cfg := controlConfig(addrs, 0.2, "health: {interval_s: 0.1, timeout_s: 0.1, unhealthy_after: 3, healthy_after: 3, recover_s: 0.5}")
 	decisions := filepath.Join(t.TempDir(), "decisions.jsonl")
 	srv := start(t, "serve", "--config", writeConfig(t, cfg), "--decisions", decisions)
 	waitFor(t, admin, 10*time.Second, "three active engines", allActive(3))
@@ -119,27 +102,11 @@ engines:
 // reason prefill_exceeds_slo.
 func TestServeUrgentDroppedAndRetained(t *testing.T) {
 	addrs := freeAddrs(t, 6)
-	admin, extprocAddr, xdsAddr, engines := addrs[0], addrs[1], addrs[2], addrs[3:]
+	admin, extprocAddr, engines := addrs[0], addrs[1], addrs[3:]
 	for i, a := range engines {
 		startEngine(t, a, map[bool]string{true: "prefill", false: "decode"}[i == 0])
 	}
-	cfg := fmt.Sprintf(`listen: {admin: %q, extproc: %q, xds: %q}
-slo: {ttft_s: 0.3}
-router: {waiting_set: {max_wait_s: 60}, first_token_timeout_s: 60}
-shutdown_grace_s: 1
-controller:
-  reactive: {step_s: 30, urgent_delay_s: 0.25, evidence_span_s: 0.1, evidence_min_arrivals: 0, evidence_max_span_s: 1}
-profiles:
-  one:
-    prefill: {base_s: 0.0165, per_token_s: 1.52e-5, per_token2_s: 4.21e-10, max_tokens: 16384}
-    prefill_concurrency: 1
-    decode: {base_s: 0.0045, per_stream_s: 2.8e-5, per_kv_token_s: 3.08e-8, max_streams: 256, max_kv_tokens: 945000}
-    kv_transfer_s: 0.005
-engines:
-  - {id: e1, address: %q, role: prefill, profile: one}
-  - {id: e2, address: %q, role: decode, profile: one}
-  - {id: e3, address: %q, role: decode, profile: one}
-`, admin, extprocAddr, xdsAddr, engines[0], engines[1], engines[2])
+	cfg := controlConfig(addrs, 1, "slo: {ttft_s: 0.3}")
 	start(t, "serve", "--config", writeConfig(t, cfg))
 	waitFor(t, admin, 10*time.Second, "three active engines", allActive(3))
 	client := envoytest.NewTestClient(t, extprocAddr, envoytest.Mode{RequestBody: envoytest.Buffered,
@@ -228,4 +195,29 @@ func getDecisions(t *testing.T, admin string) []decisionView {
 		t.Fatal(err)
 	}
 	return st.Decisions
+}
+
+// controlConfig is the config of the role-control end-to-end tests for addrs (admin, ext_proc,
+// xDS, then engines e1 prefill, e2 and e3 decode): one prefill slot per engine, a fast urgent
+// path and evidence window, monitor passes every monitorS, quick shutdown; extra adds top-level
+// keys (not these).
+func controlConfig(addrs []string, monitorS float64, extra string) string {
+	return fmt.Sprintf(`listen: {admin: %q, extproc: %q, xds: %q}
+router: {waiting_set: {max_wait_s: 60}, first_token_timeout_s: 60}
+shutdown_grace_s: 1
+controller:
+  monitor: {interval_s: %g}
+  reactive: {step_s: 30, urgent_delay_s: 0.25, evidence_span_s: 0.1, evidence_min_arrivals: 0, evidence_max_span_s: 1}
+profiles:
+  one:
+    prefill: {base_s: 0.0165, per_token_s: 1.52e-5, per_token2_s: 4.21e-10, max_tokens: 16384}
+    prefill_concurrency: 1
+    decode: {base_s: 0.0045, per_stream_s: 2.8e-5, per_kv_token_s: 3.08e-8, max_streams: 256, max_kv_tokens: 945000}
+    kv_transfer_s: 0.005
+engines:
+  - {id: e1, address: %q, role: prefill, profile: one}
+  - {id: e2, address: %q, role: decode, profile: one}
+  - {id: e3, address: %q, role: decode, profile: one}
+%s
+`, addrs[0], addrs[1], addrs[2], monitorS, addrs[3], addrs[4], addrs[5], extra)
 }
