@@ -46,6 +46,8 @@ type Live struct {
 	observer Observer
 	dlog     *Log
 
+	triggers chan router.Trigger // handed over without waiting for an evaluation under way
+
 	mu     sync.Mutex
 	c      *Controller
 	fork   *router.Router // the router as the last evaluation priced it (storage reused)
@@ -67,17 +69,33 @@ func NewLive(c *Controller, o LiveOptions) *Live {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Live{c: c, fleet: o.Fleet, router: o.Router, log: o.Logger, observer: o.Observer, dlog: o.Log, kick: make(chan struct{}, 1)}
+	return &Live{c: c, fleet: o.Fleet, router: o.Router, log: o.Logger, observer: o.Observer, dlog: o.Log,
+		kick: make(chan struct{}, 1), triggers: make(chan router.Trigger, 1024)}
 }
 
-// Trigger hands the controller an urgent-wake trigger (router.Hooks.Trigger).
+// Trigger hands the controller an urgent-wake trigger (router.Hooks.Trigger). It never waits:
+// the data path calls it. (Past 1,024 triggers not yet taken, later ones are dropped: they would
+// only have joined the pending evaluation.)
 func (l *Live) Trigger(tr router.Trigger) {
-	l.mu.Lock()
-	l.c.Trigger(tr)
-	l.mu.Unlock()
+	select {
+	case l.triggers <- tr:
+	default:
+	}
 	select {
 	case l.kick <- struct{}{}:
 	default:
+	}
+}
+
+// takeTriggers hands the triggers received so far to the controller; l.mu is held.
+func (l *Live) takeTriggers() {
+	for {
+		select {
+		case tr := <-l.triggers:
+			l.c.Trigger(tr)
+		default:
+			return
+		}
 	}
 }
 
@@ -102,6 +120,7 @@ func (l *Live) Run(ctx context.Context) error {
 	for {
 		l.evaluateDue()
 		l.mu.Lock()
+		l.takeTriggers()
 		next := l.c.NextDeadline()
 		l.mu.Unlock()
 		timer.Reset(max(time.Until(next), time.Millisecond))
@@ -146,6 +165,7 @@ func (l *Live) evaluateDue() {
 		var took time.Duration
 		snap := l.fleet.Snapshot()
 		l.mu.Lock()
+		l.takeTriggers()
 		var now time.Time
 		l.router.Do(func(t time.Time, r *router.Router) { now, l.fork = t, r.Fork(l.fork) })
 		if !l.c.NextDeadline().After(now) {
