@@ -132,18 +132,31 @@ type Confirmed struct {
 // Ratio is a projected SLO ratio; +Inf (beyond stream capacity) is written as "+Inf".
 type Ratio float64
 
-// MarshalJSON writes the ratio as a number, or "+Inf".
+// MarshalJSON writes the ratio as a number, or "+Inf" (a NaN, which no projection should give,
+// as null rather than invalid JSON).
 func (r Ratio) MarshalJSON() ([]byte, error) {
-	if math.IsInf(float64(r), 1) {
+	switch f := float64(r); {
+	case math.IsInf(f, 1):
 		return []byte(`"+Inf"`), nil
+	case math.IsInf(f, -1):
+		return []byte(`"-Inf"`), nil
+	case math.IsNaN(f):
+		return []byte("null"), nil
 	}
 	return strconv.AppendFloat(nil, float64(r), 'g', 6, 64), nil
 }
 
-// UnmarshalJSON reads a number or "+Inf".
+// UnmarshalJSON reads a number, "+Inf", "-Inf" or null (NaN).
 func (r *Ratio) UnmarshalJSON(b []byte) error {
-	if string(b) == `"+Inf"` {
+	switch string(b) {
+	case `"+Inf"`:
 		*r = Ratio(math.Inf(1))
+		return nil
+	case `"-Inf"`:
+		*r = Ratio(math.Inf(-1))
+		return nil
+	case "null":
+		*r = Ratio(math.NaN())
 		return nil
 	}
 	f, err := strconv.ParseFloat(string(b), 64)

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -146,3 +147,22 @@ func TestLiveUrgentMove(t *testing.T) {
 type observerFunc func(*Decision)
 
 func (f observerFunc) ObserveDecision(d *Decision, _ time.Duration) { f(d) }
+
+// Ratios are JSON numbers, "+Inf" beyond capacity, and never invalid JSON.
+func TestRatioJSON(t *testing.T) {
+	for _, c := range []struct {
+		r    Ratio
+		want string
+	}{{0.5, "0.5"}, {Ratio(math.Inf(1)), `"+Inf"`}, {Ratio(math.NaN()), "null"}, {1.23456789, "1.23457"}} {
+		b, err := json.Marshal(c.r)
+		if err != nil || string(b) != c.want {
+			t.Fatalf("%v: %s %v, want %s", float64(c.r), b, err, c.want)
+		}
+		var back Ratio
+		if c.want != "null" {
+			if err := json.Unmarshal(b, &back); err != nil || (back != c.r && !(math.IsInf(float64(back), 1) && math.IsInf(float64(c.r), 1)) && c.want != "1.23457") {
+				t.Fatalf("%s back: %v %v", b, back, err)
+			}
+		}
+	}
+}
