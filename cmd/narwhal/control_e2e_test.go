@@ -27,7 +27,7 @@ func TestServeRoleControlEndToEnd(t *testing.T) {
 	for i, a := range engines {
 		procs[i] = startEngine(t, a, map[bool]string{true: "prefill", false: "decode"}[i == 0])
 	}
-	cfg := controlConfig(addrs, 0.2, "health: {interval_s: 0.1, timeout_s: 0.1, unhealthy_after: 3, healthy_after: 3, recover_s: 0.5}")
+	cfg := controlConfig(addrs, 0.2, 0.25, "health: {interval_s: 0.1, timeout_s: 0.1, unhealthy_after: 3, healthy_after: 3, recover_s: 0.5}")
 	decisions := filepath.Join(t.TempDir(), "decisions.jsonl")
 	srv := start(t, "serve", "--config", writeConfig(t, cfg), "--decisions", decisions)
 	waitFor(t, admin, 10*time.Second, "three active engines", allActive(3))
@@ -106,7 +106,7 @@ func TestServeUrgentDroppedAndRetained(t *testing.T) {
 	for i, a := range engines {
 		startEngine(t, a, map[bool]string{true: "prefill", false: "decode"}[i == 0])
 	}
-	cfg := controlConfig(addrs, 1, "slo: {ttft_s: 0.3}")
+	cfg := controlConfig(addrs, 1, 1, "slo: {ttft_s: 0.3}") // a second to see the burst drain, even on a loaded machine
 	start(t, "serve", "--config", writeConfig(t, cfg))
 	waitFor(t, admin, 10*time.Second, "three active engines", allActive(3))
 	client := envoytest.NewTestClient(t, extprocAddr, envoytest.Mode{RequestBody: envoytest.Buffered,
@@ -199,15 +199,15 @@ func getDecisions(t *testing.T, admin string) []decisionView {
 
 // controlConfig is the config of the role-control end-to-end tests for addrs (admin, ext_proc,
 // xDS, then engines e1 prefill, e2 and e3 decode): one prefill slot per engine, a fast urgent
-// path and evidence window, monitor passes every monitorS, quick shutdown; extra adds top-level
-// keys (not these).
-func controlConfig(addrs []string, monitorS float64, extra string) string {
+// path (urgentS) and evidence window, monitor passes every monitorS, quick shutdown; extra adds
+// top-level keys (not these).
+func controlConfig(addrs []string, monitorS, urgentS float64, extra string) string {
 	return fmt.Sprintf(`listen: {admin: %q, extproc: %q, xds: %q}
 router: {waiting_set: {max_wait_s: 60}, first_token_timeout_s: 60}
 shutdown_grace_s: 1
 controller:
   monitor: {interval_s: %g}
-  reactive: {step_s: 30, urgent_delay_s: 0.25, evidence_span_s: 0.1, evidence_min_arrivals: 0, evidence_max_span_s: 1}
+  reactive: {step_s: 30, urgent_delay_s: %g, evidence_span_s: 0.1, evidence_min_arrivals: 0, evidence_max_span_s: 1}
 profiles:
   one:
     prefill: {base_s: 0.0165, per_token_s: 1.52e-5, per_token2_s: 4.21e-10, max_tokens: 16384}
@@ -219,5 +219,5 @@ engines:
   - {id: e2, address: %q, role: decode, profile: one}
   - {id: e3, address: %q, role: decode, profile: one}
 %s
-`, addrs[0], addrs[1], addrs[2], monitorS, addrs[3], addrs[4], addrs[5], extra)
+`, addrs[0], addrs[1], addrs[2], monitorS, urgentS, addrs[3], addrs[4], addrs[5], extra)
 }
