@@ -146,6 +146,12 @@ func (c *Controller) record(d Decision) Decision {
 	if d.Gates == nil {
 		d.Gates = []Gate{}
 	}
+	if d.Candidates == nil {
+		d.Candidates = []Priced{}
+	}
+	if d.Outcome == OutcomeMoved { // the passes before priced another split: motives count anew
+		c.conf = Confirmed{}
+	}
 	if d.Outcome == OutcomeMoved && d.Direction == ToDecode { // repairs and readmissions too
 		c.lastToDecode = d.TimeS
 		c.restartWindow(d.TimeS, c.win.base+c.win.arrivals) // a decode-recovery move
@@ -306,7 +312,12 @@ func (c *Controller) evaluateUrgent(s *state, u pending) Decision {
 		d.Outcome, d.Reason = OutcomeRetained, "no decode engine to move"
 		return c.advise(d, nil)
 	}
-	candTTFT, _, _ := s.view.RequestTTFT(s.now, cand.split, u.tr.Handle)
+	candTTFT, _, ok := s.view.RequestTTFT(s.now, cand.split, u.tr.Handle)
+	if !ok {
+		d.Outcome, d.Reason = OutcomeDropped, "the triggering request is no longer waiting"
+		return d
+	}
+	d.Inputs.Trigger.PrefillS = own
 	pc := priced(cand.split, cand.price, false, cand.donor.ID)
 	rc := Ratio(candTTFT)
 	pc.RequestTTFTS = &rc
@@ -317,7 +328,7 @@ func (c *Controller) evaluateUrgent(s *state, u pending) Decision {
 		d.Reason = fmt.Sprintf("request %s: projected TTFT %.3f s -> %.3f s", u.tr.Request, curTTFT, candTTFT)
 		d.Gates = c.gates(s, &cand, p0, CallerUrgent)
 		return c.decide(d, &cand)
-	case own > c.slo.TTFTS:
+	case own > c.slo.TTFTS: // no split can help it: its own prefill (inputs.trigger.prefill_s) exceeds the SLO
 		d.Outcome, d.Reason = OutcomeRetained, "prefill_exceeds_slo"
 	default:
 		d.Outcome = OutcomeRetained
@@ -437,8 +448,7 @@ func (c *Controller) gates(s *state, cand *candidate, p0 router.Pricing, caller 
 	}
 	p, d := len(cand.split.Prefill), len(cand.split.Decode)
 	add(GatePins, !e.Pinned, "%s pinned=%t", e.ID, e.Pinned)
-	add(GateRoleFloors, p >= c.cfg.MinPrefill && d >= c.cfg.MinDecode,
-		"after the move prefill %d (min %d), decode %d (min %d)", p, c.cfg.MinPrefill, d, c.cfg.MinDecode)
+	gs = append(gs, c.floorsGate(p, d))
 	add(GateHealthExclusions, e.Lifecycle == fleet.Active, "%s is %s", e.ID, e.Lifecycle)
 	gs = append(gs, c.dwellGate(s.t, e))
 	add(GateResidentOwnership, true, "%s keeps %d decode and %d prefill residents until they finish", e.ID, l.DecodeResidents+l.ReservedStreams, l.PrefillResidents)
@@ -455,10 +465,10 @@ func (c *Controller) gates(s *state, cand *candidate, p0 router.Pricing, caller 
 	w := c.windowState()
 	add(GateConsolidationEvidence, !w.Open, "window opened at %.1fs, %d arrivals, open=%t (span %gs, min %d arrivals, max %gs)",
 		w.OpenedAtS, w.Arrivals, w.Open, c.cfg.Reactive.EvidenceSpanS, c.cfg.Reactive.EvidenceMinArrivals, c.cfg.Reactive.EvidenceMaxSpanS)
-	if caller == CallerRegular {
-		timeout := false
+	if caller != CallerUrgent {
+		timeout := false // the timeout that restarted the window is its start, not one since
 		if at, ok := s.view.FirstTokenTimeoutAt(); ok {
-			timeout = at.Sub(c.epoch).Seconds() >= w.OpenedAtS
+			timeout = at.Sub(c.epoch).Seconds() > w.OpenedAtS
 		}
 		add(GateDecodeStability, cand.price.TPOTRatio <= th.Expand && !timeout,
 			"candidate tpot_ratio %s (expand %g), first-token timeout since the window opened: %t", ratio(cand.price.TPOTRatio), th.Expand, timeout)
@@ -471,6 +481,19 @@ func (c *Controller) gates(s *state, cand *candidate, p0 router.Pricing, caller 
 	add(GateFlipResidentGuard, l.DecodeResidents <= th.FlipResidentGuard,
 		"%s decodes %d streams, guard %d", e.ID, l.DecodeResidents, th.FlipResidentGuard)
 	return gs
+}
+
+// floorsGate is role_floors for a split of p prefill and d decode live engines: neither pool
+// below its floor, whenever the live engines can hold both floors.
+func (c *Controller) floorsGate(p, d int) Gate {
+	minP, minD := c.cfg.MinPrefill, c.cfg.MinDecode
+	g := Gate{Name: GateRoleFloors, Passed: p >= minP && d >= minD,
+		Detail: fmt.Sprintf("after the move prefill %d (min %d), decode %d (min %d)", p, minP, d, minD)}
+	if !g.Passed && p+d < minP+minD {
+		g.Passed = true
+		g.Detail += fmt.Sprintf("; %d live engines cannot hold both floors", p+d)
+	}
+	return g
 }
 
 // coverage is the profile_coverage gate: the donor's profile has the new role's curve, the
@@ -574,6 +597,7 @@ func (c *Controller) repair(s *state, dir string, n int) Decision {
 			{Name: GatePins, Passed: !e.Pinned, Detail: fmt.Sprintf("%s pinned=%t", e.ID, e.Pinned)},
 			{Name: GateHealthExclusions, Passed: e.Live() && e.Role == pool, Detail: fmt.Sprintf("%s is %s", e.ID, e.Lifecycle)},
 			c.dwellGate(s.t, e),
+			{Name: GateProfileCoverage, Passed: c.hasCurve(e, dir), Detail: fmt.Sprintf("%s: profile %s has the curve of the %s role: %t", e.ID, e.Profile, floor, c.hasCurve(e, dir))},
 		}
 		ok := true
 		for _, g := range gs {
@@ -684,16 +708,27 @@ func (c *Controller) readmit(s *state, e fleet.Engine) Decision {
 	if pd.Worst < pp.Worst {
 		want, dir = fleet.Decode, ToDecode
 	}
-	d.Gates = []Gate{{Name: GatePins, Passed: !e.Pinned || want == e.Role, Detail: fmt.Sprintf("%s pinned=%t", e.ID, e.Pinned)}}
-	switch {
-	case want == e.Role:
+	if want == e.Role {
 		d.Outcome = OutcomeRetained
 		d.Reason = fmt.Sprintf("%s readmitted as %s: worst %.3f as prefill, %.3f as decode", e.ID, e.Role, pp.Worst, pd.Worst)
 		return c.advise(d, nil)
-	case e.Pinned:
-		d.Outcome = OutcomeBlocked
-		d.Reason = fmt.Sprintf("%s readmitted as %s (pinned); %s would price lower", e.ID, e.Role, want)
-		return c.advise(d, &d.Gates[0])
+	}
+	after := asPrefill
+	if want == fleet.Decode {
+		after = asDecode
+	}
+	d.Gates = []Gate{
+		{Name: GatePins, Passed: !e.Pinned, Detail: fmt.Sprintf("%s pinned=%t", e.ID, e.Pinned)},
+		c.floorsGate(len(after.Prefill), len(after.Decode)),
+		c.dwellGate(s.t, e),
+		{Name: GateProfileCoverage, Passed: c.hasCurve(e, dir), Detail: fmt.Sprintf("%s: profile %s has a %s curve: %t", e.ID, e.Profile, want, c.hasCurve(e, dir))},
+	}
+	for i := range d.Gates {
+		if !d.Gates[i].Passed {
+			d.Outcome = OutcomeBlocked
+			d.Reason = fmt.Sprintf("%s readmitted as %s; %s would price lower; blocked by %s", e.ID, e.Role, want, d.Gates[i].Name)
+			return c.advise(d, &d.Gates[i])
+		}
 	}
 	d.Direction = dir
 	d.Reason = fmt.Sprintf("%s readmitted as %s: worst %.3f as prefill, %.3f as decode", e.ID, want, pp.Worst, pd.Worst)

@@ -91,7 +91,8 @@ type TriggerRecord struct {
 	RequestID      string  `json:"request_id"`
 	ProjectedTTFTS float64 `json:"projected_ttft_s"`
 	AtS            float64 `json:"at_s"`
-	Joined         int     `json:"joined"` // later triggers coalesced into this evaluation
+	Joined         int     `json:"joined"`              // later triggers coalesced into this evaluation
+	PrefillS       float64 `json:"prefill_s,omitempty"` // its own prefill alone on the fastest engine
 }
 
 // Priced is one candidate split with its ratios. For an urgent evaluation RequestTTFTS is the

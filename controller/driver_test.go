@@ -240,6 +240,8 @@ func (d *driver) init(td *datadriven.TestData) {
 			cfg.SLO.TTFTS = f
 		case "tpot":
 			cfg.SLO.TPOTS = f
+		case "first_token_timeout":
+			cfg.Router.FirstTokenTimeoutS = f
 		case "concurrency":
 			prof.PrefillConcurrency = int(f)
 		case "max_streams":

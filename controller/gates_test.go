@@ -51,3 +51,8 @@ func TestGate_FlipResidentGuard_Blocks(t *testing.T) {
 func TestGate_FlipResidentGuard_Allows(t *testing.T) { runScript(t, toPrefillAllows) }
 func TestGate_HealthExclusions_Allows(t *testing.T)  { runScript(t, toPrefillAllows) }
 func TestGate_ResidentOwnership_Allows(t *testing.T) { runScript(t, toPrefillAllows) }
+
+// The first-token timeout that restarted the window does not count as one since it opened.
+func TestGate_DecodeStability_AllowsAfterTimeout(t *testing.T) {
+	runScript(t, "testdata/gates.d/decode_stability_after_timeout")
+}

@@ -150,10 +150,10 @@ func (l *Live) Advise(prefill, decode int, reason string) (Decision, error) {
 	var now time.Time
 	l.router.Do(func(t time.Time, r *router.Router) { now, l.fork = t, r.Fork(l.fork) })
 	d, err = l.c.Advise(now, snap, l.fork, prefill, decode, reason)
-	l.mu.Unlock()
 	if err == nil {
 		l.publish(&d, time.Since(begin))
 	}
+	l.mu.Unlock()
 	return d, err
 }
 
@@ -173,25 +173,25 @@ func (l *Live) evaluateDue() {
 			d, ok = l.c.Tick(now, snap, l.fork)
 			took = time.Since(begin)
 		}
+		if ok { // under l.mu: decisions and their fleet events reach the log in order
+			l.apply(&d, now)
+			l.publish(&d, took)
+		}
 		l.mu.Unlock()
 		if !ok {
 			return
 		}
-		l.apply(&d) // its fleet events go to the log before the decision
-		l.publish(&d, took)
 	}
 }
 
-// publish logs a decision, lists it in Recent, and tells the observer.
+// publish logs a decision, lists it in Recent, and tells the observer; l.mu is held.
 func (l *Live) publish(d *Decision, took time.Duration) {
 	l.dlog.Decision(d)
-	l.mu.Lock()
 	if len(l.recent) == RecentDecisions {
 		copy(l.recent, l.recent[1:])
 		l.recent = l.recent[:RecentDecisions-1]
 	}
 	l.recent = append(l.recent, *d)
-	l.mu.Unlock()
 	if d.Outcome != OutcomeRetained {
 		l.log.Info("role decision", "seq", d.Seq, "caller", d.Caller, "outcome", d.Outcome, "reason", d.Reason, "moves", d.Moves)
 	}
@@ -200,20 +200,36 @@ func (l *Live) publish(d *Decision, took time.Duration) {
 	}
 }
 
-// apply makes a decision's moves in the fleet; a move the fleet refuses (an engine pinned or
-// failed in between) is logged and left out of the record.
-func (l *Live) apply(d *Decision) {
+// apply makes a decision's moves in the fleet at the decision's time; l.mu is held. A move the
+// fleet refuses (an engine an operator pinned in between) is logged and left out of the record,
+// whose outcome and split say what happened.
+func (l *Live) apply(d *Decision, now time.Time) {
 	kept := d.Moves[:0]
 	for _, m := range d.Moves {
 		role, err := fleet.ParseRole(m.To)
 		if err == nil {
-			_, err = l.fleet.SetRole(m.Engine, role, time.Now(), DecisionCause(d.Seq))
+			_, err = l.fleet.SetRole(m.Engine, role, now, DecisionCause(d.Seq))
 		}
 		if err != nil {
 			l.log.Warn("role move refused", "decision", d.Seq, "engine", m.Engine, "err", err)
+			d.Reason += fmt.Sprintf("; the fleet refused moving %s: %v", m.Engine, err)
 			continue
 		}
 		kept = append(kept, m)
+	}
+	if len(kept) < len(d.Moves) && d.Outcome == OutcomeMoved {
+		p, q := d.SplitBefore.Prefill, d.SplitBefore.Decode
+		for _, m := range kept {
+			if m.To == fleet.Prefill.String() {
+				p, q = p+1, q-1
+			} else {
+				p, q = p-1, q+1
+			}
+		}
+		d.SplitAfter = Split{p, q}
+		if len(kept) == 0 {
+			d.Outcome = OutcomeBlocked
+		}
 	}
 	d.Moves = kept
 }
