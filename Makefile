@@ -46,11 +46,12 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzParseRequest$$' -fuzztime=$(FUZZTIME) ./extproc
 	$(GO) test -run='^$$' -fuzz='^FuzzResponseObserver$$' -fuzztime=$(FUZZTIME) ./extproc
 
-# The property tests at length: 10,000 router sequences and 30,000 sequences of random
-# ext_proc streams through the real server.
+# The property tests at length: 10,000 router sequences, 30,000 sequences of random ext_proc
+# streams through the real server, and 10,000 random controller runs audited.
 check-long:
 	$(GO) test -race -count=1 -run='^TestConservationProperty$$' ./router -rapid.checks=10000
 	$(GO) test -race -count=1 -run='^TestStreamsProperty$$' ./extproc -rapid.checks=10000
+	$(GO) test -race -count=1 -run='^TestAuditedProperty$$' ./controller -rapid.checks=10000
 
 clean:
 	rm -rf $(BIN)

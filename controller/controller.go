@@ -291,7 +291,7 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 // evaluateUrgent is the coalesced urgent evaluation (docs/role-control.md, section 6).
 func (c *Controller) evaluateUrgent(s *state, u pending) Decision {
 	d := c.base(s, CallerUrgent)
-	d.Inputs.Trigger = &TriggerRecord{RequestID: u.tr.Request, ProjectedTTFTS: u.tr.ProjectedTTFT, AtS: u.tr.AtS, Joined: u.joined}
+	d.Inputs.Trigger = &TriggerRecord{RequestID: u.tr.Request, ProjectedTTFTS: Ratio(u.tr.ProjectedTTFT), AtS: u.tr.AtS, Joined: u.joined}
 	if s.snap.Retained.Waiting == 0 {
 		d.Outcome, d.Reason = OutcomeDropped, "the waiting set drained before the evaluation"
 		return d
@@ -317,7 +317,7 @@ func (c *Controller) evaluateUrgent(s *state, u pending) Decision {
 		d.Outcome, d.Reason = OutcomeDropped, "the triggering request is no longer waiting"
 		return d
 	}
-	d.Inputs.Trigger.PrefillS = own
+	d.Inputs.Trigger.PrefillS = Ratio(own)
 	pc := priced(cand.split, cand.price, false, cand.donor.ID)
 	rc := Ratio(candTTFT)
 	pc.RequestTTFTS = &rc

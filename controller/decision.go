@@ -89,10 +89,10 @@ type WindowState struct {
 // TriggerRecord is the request that triggered an urgent evaluation.
 type TriggerRecord struct {
 	RequestID      string  `json:"request_id"`
-	ProjectedTTFTS float64 `json:"projected_ttft_s"`
+	ProjectedTTFTS Ratio   `json:"projected_ttft_s"` // seconds; "+Inf" with no prefill engine
 	AtS            float64 `json:"at_s"`
 	Joined         int     `json:"joined"`              // later triggers coalesced into this evaluation
-	PrefillS       float64 `json:"prefill_s,omitempty"` // its own prefill alone on the fastest engine
+	PrefillS       Ratio   `json:"prefill_s,omitempty"` // its own prefill alone on the fastest engine of the split; "+Inf" with none
 }
 
 // Priced is one candidate split with its ratios. For an urgent evaluation RequestTTFTS is the

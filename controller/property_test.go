@@ -1,0 +1,148 @@
+package controller
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/narwhal-llm/narwhal/audit"
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/router"
+)
+
+// TestAuditedProperty drives the controller on the real router with random configs and random
+// sequences — offers, first tokens, completions, cancels, engine failures and recoveries, pins
+// and unpins, time passing with every evaluation due applied to the fleet — and checks the
+// resulting decision log with the auditor, which shares no code with the controller: no pin
+// moved, no floor broken while capacity allowed, no dwell or cooldown broken, one move per
+// regular pass or urgent wake, no move toward prefill with the window open, nothing moved in
+// advisory mode, every role change made by its decision. Every move's gates all passed.
+func TestAuditedProperty(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		cfg := config.Default()
+		c := &cfg.Controller
+		c.Advisory = rapid.IntRange(0, 4).Draw(rt, "advisory") == 0
+		c.Monitor.IntervalS = rapid.Float64Range(0.2, 1).Draw(rt, "monitor")
+		c.Reactive.StepS = rapid.Float64Range(0.5, 3).Draw(rt, "step")
+		c.Reactive.UrgentDelayS = c.Reactive.StepS * rapid.Float64Range(0.05, 0.9).Draw(rt, "urgent")
+		c.Reactive.EvidenceSpanS = rapid.Float64Range(0.1, 3).Draw(rt, "span")
+		c.Reactive.EvidenceMinArrivals = rapid.IntRange(0, 10).Draw(rt, "min_arrivals")
+		c.Reactive.EvidenceMaxSpanS = c.Reactive.EvidenceSpanS + rapid.Float64Range(0, 5).Draw(rt, "max_span")
+		c.Thresholds.ConfirmPasses = rapid.IntRange(1, 3).Draw(rt, "confirm")
+		c.Thresholds.DwellS = rapid.Float64Range(0, 5).Draw(rt, "dwell")
+		c.Thresholds.CooldownS = rapid.Float64Range(0, 5).Draw(rt, "cooldown")
+		c.Thresholds.FlipResidentGuard = rapid.IntRange(0, 8).Draw(rt, "guard")
+		cfg.SLO.TTFTS = rapid.Float64Range(0.05, 2).Draw(rt, "ttft")
+		cfg.SLO.TPOTS = rapid.Float64Range(0.005, 0.05).Draw(rt, "tpot")
+		cfg.Router.FirstTokenTimeoutS = rapid.Float64Range(0.5, 5).Draw(rt, "ftt")
+		p := cfg.Profiles[config.DefaultProfileName]
+		p.PrefillConcurrency = rapid.IntRange(1, 3).Draw(rt, "concurrency")
+		cfg.Profiles[config.DefaultProfileName] = p
+		n := rapid.IntRange(3, 6).Draw(rt, "engines")
+		for i := 0; i < n; i++ {
+			role := "decode"
+			if i == 0 || i > 1 && rapid.Bool().Draw(rt, "prefill") {
+				role = "prefill"
+			}
+			cfg.Engines = append(cfg.Engines, config.Engine{ID: fmt.Sprintf("e%d", i+1), Address: fmt.Sprintf("10.0.0.%d:80", i+1),
+				Role: role, Profile: config.DefaultProfileName, Pinned: rapid.IntRange(0, 5).Draw(rt, "pinned") == 0})
+		}
+		if err := cfg.Validate(); err != nil {
+			rt.Skip(err.Error())
+		}
+		fl, err := fleet.New(cfg, epoch)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		var buf bytes.Buffer
+		log := NewLog(&buf, epoch, cfg, fl.Snapshot())
+		fl.OnChange(log.Fleet)
+		r := router.New(cfg, fl.Snapshot(), epoch)
+		ctl := New(cfg, epoch)
+		now := epoch
+		var handles []router.Handle
+		take := func() {
+			if tr, ok := r.TakeTrigger(); ok {
+				ctl.Trigger(tr)
+			}
+			r.Ready()
+		}
+		for step := rapid.IntRange(10, 80).Draw(rt, "steps"); step > 0; step-- {
+			switch op := rapid.SampledFrom([]string{"offer", "offer", "offer", "first", "complete", "cancel", "fail", "recover", "pin", "tick", "tick", "tick"}).Draw(rt, "op"); op {
+			case "offer":
+				o := r.Offer(now, router.Offer{ID: "r", PromptTokens: rapid.IntRange(10, 16000).Draw(rt, "tokens"), MaxTokens: rapid.IntRange(1, 3000).Draw(rt, "max")})
+				if o.Handle != 0 {
+					handles = append(handles, o.Handle)
+				}
+			case "first", "complete", "cancel":
+				if len(handles) == 0 {
+					continue
+				}
+				h := handles[rapid.IntRange(0, len(handles)-1).Draw(rt, "which")]
+				switch op {
+				case "first":
+					_ = r.FirstToken(now, h)
+				case "complete":
+					_ = r.Complete(now, h, rapid.IntRange(0, 3000).Draw(rt, "out"))
+				default:
+					_ = r.Cancel(now, h)
+				}
+			case "fail", "recover", "pin":
+				e := fl.Snapshot().Engines[rapid.IntRange(0, n-1).Draw(rt, "engine")]
+				switch op {
+				case "fail":
+					_, _ = fl.SetLifecycle(e.ID, fleet.Failed, now, "test")
+				case "recover":
+					if _, err := fl.SetLifecycle(e.ID, fleet.Recovering, now, "test"); err == nil {
+						_, _ = fl.SetLifecycle(e.ID, fleet.Active, now, "test")
+					}
+				default:
+					_, _ = fl.SetPinned(e.ID, !e.Pinned, now, "test")
+				}
+				r.SetFleet(now, fl.Snapshot())
+			case "tick":
+				now = now.Add(time.Duration(rapid.IntRange(1, 1500).Draw(rt, "dt_ms")) * time.Millisecond)
+				r.Tick(now)
+				take()
+				for !ctl.NextDeadline().After(now) {
+					d, ok := ctl.Tick(now, fl.Snapshot(), r)
+					if !ok {
+						break
+					}
+					for _, m := range d.Moves {
+						for _, g := range d.Gates {
+							if !g.Passed && d.Caller != CallerRepair {
+								rt.Fatalf("decision %d moved with gate %s failed: %s", d.Seq, g.Name, g.Detail)
+							}
+						}
+						role, _ := fleet.ParseRole(m.To)
+						if _, err := fl.SetRole(m.Engine, role, now, DecisionCause(d.Seq)); err != nil {
+							rt.Fatalf("decision %d: the fleet refused %v: %v", d.Seq, m, err)
+						}
+					}
+					log.Decision(&d)
+					r.SetFleet(now, fl.Snapshot())
+					take()
+				}
+			}
+			take()
+		}
+		if err := log.Err(); err != nil {
+			rt.Fatal(err)
+		}
+		res, err := audit.Audit(bytes.NewReader(buf.Bytes()), nil)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		for _, v := range res.Violations {
+			rt.Errorf("audit: %v", v)
+		}
+		if len(res.Violations) > 0 {
+			rt.Fatalf("log:\n%s", buf.String())
+		}
+	})
+}
