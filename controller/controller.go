@@ -689,19 +689,7 @@ func (c *Controller) ranked(s *state, dir string) []fleet.Engine {
 func (c *Controller) readmit(s *state, e fleet.Engine) Decision {
 	d := c.base(s, CallerReadmission)
 	step := c.cfg.Reactive.StepS
-	without := router.Split{}
-	for _, id := range s.cur.Prefill {
-		if id != e.ID {
-			without.Prefill = append(without.Prefill, id)
-		}
-	}
-	for _, id := range s.cur.Decode {
-		if id != e.ID {
-			without.Decode = append(without.Decode, id)
-		}
-	}
-	asPrefill := router.Split{Prefill: append(append([]string(nil), without.Prefill...), e.ID), Decode: without.Decode}
-	asDecode := router.Split{Prefill: without.Prefill, Decode: append(append([]string(nil), without.Decode...), e.ID)}
+	asPrefill, asDecode := moveEngine(s.cur, e.ID, ToPrefill), moveEngine(s.cur, e.ID, ToDecode)
 	pp, pd := s.view.Price(s.now, asPrefill, step), s.view.Price(s.now, asDecode, step)
 	d.Candidates = []Priced{priced(asPrefill, pp, e.Role == fleet.Prefill, e.ID), priced(asDecode, pd, e.Role == fleet.Decode, e.ID)}
 	want, dir := fleet.Prefill, ToPrefill
@@ -774,8 +762,9 @@ func (c *Controller) Advise(now time.Time, fl fleet.Snapshot, v View, prefill, d
 		dir, n = ToDecode, -n
 	}
 	rec.Direction = dir
+	donors := c.ranked(&s, dir)[:n]
 	cand := candidate{dir: dir, split: s.cur}
-	for _, e := range c.ranked(&s, dir)[:n] {
+	for _, e := range donors {
 		cand.donor = e
 		cand.split = moveEngine(cand.split, e.ID, dir)
 	}
@@ -783,7 +772,7 @@ func (c *Controller) Advise(now time.Time, fl fleet.Snapshot, v View, prefill, d
 	pc := priced(cand.split, cand.price, false, cand.donor.ID)
 	rec.Candidates = append(rec.Candidates, pc)
 	rec.SplitAfter = Split{len(cand.split.Prefill), len(cand.split.Decode)}
-	for _, e := range c.ranked(&s, dir)[:n] {
+	for _, e := range donors {
 		cand.donor = e
 		for _, g := range c.gates(&s, &cand, p0, CallerAPI) {
 			rec.Gates = append(rec.Gates, g)

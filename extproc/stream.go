@@ -31,7 +31,6 @@ type seen uint8
 const (
 	seenRequestHeaders seen = 1 << iota
 	seenRequestEnd          // the request ended: end_of_stream, or its trailers
-	seenRequestTrailers
 	seenResponseHeaders
 	seenResponseEnd
 	seenResponseTrailers
@@ -166,7 +165,7 @@ func (st *stream) order(req *extprocv3.ProcessingRequest) string {
 		if has(seenRequestEnd) {
 			return "request_trailers after the request ended"
 		}
-		st.seen |= seenRequestTrailers | seenRequestEnd
+		st.seen |= seenRequestEnd
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		switch {
 		case has(seenResponseHeaders):

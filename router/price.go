@@ -56,14 +56,13 @@ func (r *Router) Price(now time.Time, s Split, stepS float64) Pricing {
 	t := r.at(now)
 	pool, dec, handoff := r.loadSplit(t, s)
 	schedule := r.pricing.prefill.schedule
-	kv, step := handoff, 0.0
 	worstTTFT := 0.0
 	for i := 0; i < r.waiting.len(); i++ {
 		e, _, err := r.lookup(r.waiting.at(i))
 		if err != nil || e.phase != phaseWaiting {
 			continue
 		}
-		worstTTFT = max(worstTTFT, schedule(int(e.prompt), e.arrival)+kv+step-e.arrival)
+		worstTTFT = max(worstTTFT, schedule(int(e.prompt), e.arrival)+handoff-e.arrival)
 	}
 	d := r.demand.estimate(t).Priced
 	meanPrompt := ProbePromptTokens
@@ -83,7 +82,7 @@ func (r *Router) Price(now time.Time, s Split, stepS float64) Pricing {
 		}
 	}
 	probeAt := t + stepS
-	probe := schedule(meanPrompt, probeAt) + kv + step - probeAt
+	probe := schedule(meanPrompt, probeAt) + handoff - probeAt
 	worstTTFT = max(worstTTFT, probe)
 
 	p := Pricing{TTFTRatio: worstTTFT / r.slo.TTFTS, TPOTRatio: r.priceDecode(dec, pool) / r.slo.TPOTS, ProbeTTFT: probe}
@@ -92,18 +91,17 @@ func (r *Router) Price(now time.Time, s Split, stepS float64) Pricing {
 }
 
 // loadSplit prepares the prefill scheduler for a split at t: its prefill engines, each free
-// when prefillFree says (for any engine of the pool, whatever its role now). It returns the
+// when freeAt says (whatever its role now). It returns the
 // pools and the handoff every projected TTFT adds after the prefill: the KV transfer and one
 // decode step on the fastest decode engine (+Inf without one).
 func (r *Router) loadSplit(t float64, s Split) (pool, dec []int, handoff float64) {
 	pool = r.indices(s.Prefill, func(e *engine) bool { return e.prof.Prefill != nil })
 	dec = r.indices(s.Decode, func(e *engine) bool { return e.prof.Decode != nil })
-	drain := r.drainTimes(t)
 	ps := &r.pricing.prefill
 	ps.reset()
 	for _, i := range pool {
 		e := &r.engines[i]
-		ps.add(e.prof.Prefill, e.corr[0], max(t, e.busyUntil)+max(0, drain[i]-t), i)
+		ps.add(e.prof.Prefill, e.corr[0], r.freeAt(t, i), i)
 	}
 	kv, step := math.Inf(1), math.Inf(1)
 	if len(pool) > 0 {
@@ -191,18 +189,6 @@ func (r *Router) priceDecode(dec, prefill []int) float64 {
 		}
 	}
 	return worst
-}
-
-// drainTimes projects, per engine, when its decode residents finish: each decodes its expected
-// output tokens (less those already produced) at the engine's current step time.
-func (r *Router) drainTimes(t float64) []float64 {
-	drain := make([]float64, len(r.engines))
-	for i := range r.slots {
-		if e := &r.slots[i]; e.phase == phasePrefilling || e.phase == phaseDecoding {
-			drain[e.decode] = max(drain[e.decode], r.residentEnd(t, e))
-		}
-	}
-	return drain
 }
 
 // indices resolves engine ids to indices, skipping unknown ones and engines whose profile

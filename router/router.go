@@ -431,12 +431,21 @@ func (r *Router) projectTail(t float64, tokens int, prefix []uint64) (best int, 
 // dispatched to it and, for a prefill engine that still streams decode residents (a donor just
 // moved from decode), their remaining decode work too — the sum of the two.
 func (r *Router) prefillFree(t float64, i int) float64 {
+	if e := &r.engines[i]; e.role != fleet.Prefill {
+		return max(t, e.busyUntil)
+	}
+	return r.freeAt(t, i)
+}
+
+// freeAt is prefillFree for any engine, whatever its role (Price asks it of a decode engine
+// priced as prefill): its dispatched prefill work, plus its decode residents' remaining work.
+func (r *Router) freeAt(t float64, i int) float64 {
 	e := &r.engines[i]
 	free := max(t, e.busyUntil)
-	if e.streams == 0 || e.role != fleet.Prefill {
+	if e.streams == 0 {
 		return free
 	}
-	if !e.drainOK {
+	if !e.drainOK { // projected when its residents last changed
 		e.drainAt, e.drainOK = t, true
 		for k := range r.slots {
 			if s := &r.slots[k]; int(s.decode) == i {
@@ -853,12 +862,26 @@ func (r *Router) Shutdown(now time.Time) {
 		if err != nil || e.phase != phaseWaiting {
 			continue
 		}
-		r.unqueue(e)
-		r.awaitingOutput -= e.output
-		r.counters.Overflow.ShuttingDown++
-		r.release(slot)
-		r.outbox = append(r.outbox, Outcome{Handle: h, Status: Rejected, Code: ShuttingDown, RetryAfterS: 1})
+		r.turnAway(h, e, slot, ShuttingDown)
 	}
+}
+
+// unwait takes a waiting request out of the waiting set and frees it.
+func (r *Router) unwait(e *entry, slot int32) {
+	r.unqueue(e)
+	r.awaitingOutput -= e.output
+	r.release(slot)
+}
+
+// turnAway rejects a waiting request (WaitTimeout, ShuttingDown) through the outbox.
+func (r *Router) turnAway(h Handle, e *entry, slot int32, c Code) {
+	r.unwait(e, slot)
+	r.counters.Overflow.add(c)
+	o := Outcome{Handle: h, Status: Rejected, Code: c}
+	if c == ShuttingDown {
+		o.RetryAfterS = 1
+	}
+	r.outbox = append(r.outbox, o)
 }
 
 // Cancel records a client cancel: a waiting request leaves the waiting set, an in-flight one
@@ -870,10 +893,8 @@ func (r *Router) Cancel(now time.Time, h Handle) error {
 		return err
 	}
 	if e.phase == phaseWaiting {
-		r.unqueue(e)
-		r.awaitingOutput -= e.output
+		r.unwait(e, slot)
 		r.counters.Cancelled.Waiting++
-		r.release(slot)
 		r.pump(t)
 		return nil
 	}
@@ -918,11 +939,7 @@ func (r *Router) Tick(now time.Time) {
 			break
 		}
 		r.waiting.pop()
-		r.unqueue(e)
-		r.awaitingOutput -= e.output
-		r.counters.Overflow.WaitTimeout++
-		r.release(slot)
-		r.outbox = append(r.outbox, Outcome{Handle: h, Status: Rejected, Code: WaitTimeout})
+		r.turnAway(h, e, slot, WaitTimeout)
 	}
 	for r.inFlight.len() > 0 {
 		h, _ := r.inFlight.peek()
