@@ -1,10 +1,11 @@
 package controller
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,8 +17,7 @@ import (
 // View is the router's projection as the controller reads it (router.Router implements it):
 // one projection serves placement and pricing.
 type View interface {
-	Price(now time.Time, s router.Split, stepS float64) router.Pricing
-	RequestTTFT(now time.Time, s router.Split, h router.Handle) (ttft, prefill float64, ok bool)
+	Price(now time.Time, q router.Query) (ps []router.Pricing, waiting bool)
 	Snapshot(now time.Time) router.Snapshot
 	FirstTokenTimeoutAt() (time.Time, bool)
 }
@@ -225,8 +225,17 @@ type candidate struct {
 func (c *Controller) evaluateRegular(s *state) Decision {
 	d := c.base(s, CallerRegular)
 	th := c.cfg.Thresholds
-	step := c.cfg.Reactive.StepS
-	p0 := s.view.Price(s.now, s.cur, step)
+	// The current split and both adjacent ones, priced together.
+	var cands []candidate
+	splits := []router.Split{s.cur}
+	for _, dir := range []string{ToPrefill, ToDecode} {
+		if cand, ok := c.adjacent(s, dir); ok {
+			cands = append(cands, cand)
+			splits = append(splits, cand.split)
+		}
+	}
+	ps, _ := s.view.Price(s.now, router.Query{Splits: splits, StepS: c.cfg.Reactive.StepS})
+	p0 := ps[0]
 	d.Candidates = append(d.Candidates, priced(s.cur, p0, true, ""))
 
 	// Motives, counted over consecutive passes. While the window is open, decode expansion
@@ -252,11 +261,10 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 
 	var best *candidate
 	var motives []string
-	for _, dir := range []string{ToPrefill, ToDecode} {
-		cand, ok := c.adjacent(s, dir, step)
-		if !ok {
-			continue
-		}
+	for i := range cands {
+		cand := &cands[i]
+		cand.price = ps[i+1]
+		dir := cand.dir
 		d.Candidates = append(d.Candidates, priced(cand.split, cand.price, false, cand.donor.ID))
 		improves := cand.price.Worst < p0.Worst-th.MinGain
 		var motivated bool
@@ -269,7 +277,7 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 			motives = append(motives, dir)
 		}
 		if motivated && improves && (best == nil || cand.price.Worst < best.price.Worst) {
-			best = &cand
+			best = cand
 		}
 	}
 	switch {
@@ -296,27 +304,29 @@ func (c *Controller) evaluateUrgent(s *state, u pending) Decision {
 		d.Outcome, d.Reason = OutcomeDropped, "the waiting set drained before the evaluation"
 		return d
 	}
-	curTTFT, own, ok := s.view.RequestTTFT(s.now, s.cur, u.tr.Handle)
-	if !ok {
+	// The current split and (P+1, D-1), priced together with the request's projected TTFT.
+	cand, movable := c.adjacent(s, ToPrefill)
+	splits := []router.Split{s.cur}
+	if movable {
+		splits = append(splits, cand.split)
+	}
+	ps, waiting := s.view.Price(s.now, router.Query{Splits: splits, StepS: c.cfg.Reactive.StepS, Request: u.tr.Handle})
+	if !waiting {
 		d.Outcome, d.Reason = OutcomeDropped, "the triggering request is no longer waiting"
 		return d
 	}
-	step := c.cfg.Reactive.StepS
-	p0 := s.view.Price(s.now, s.cur, step)
+	p0 := ps[0]
+	curTTFT := p0.RequestTTFT
 	cur := priced(s.cur, p0, true, "")
 	r := Ratio(curTTFT)
 	cur.RequestTTFTS = &r
 	d.Candidates = append(d.Candidates, cur)
-	cand, ok := c.adjacent(s, ToPrefill, step)
-	if !ok {
+	if !movable {
 		d.Outcome, d.Reason = OutcomeRetained, "no decode engine to move"
 		return c.advise(d, nil)
 	}
-	candTTFT, _, ok := s.view.RequestTTFT(s.now, cand.split, u.tr.Handle)
-	if !ok {
-		d.Outcome, d.Reason = OutcomeDropped, "the triggering request is no longer waiting"
-		return d
-	}
+	cand.price = ps[1]
+	candTTFT, own := cand.price.RequestTTFT, cand.price.RequestPrefill
 	d.Inputs.Trigger.PrefillS = Ratio(own)
 	pc := priced(cand.split, cand.price, false, cand.donor.ID)
 	rc := Ratio(candTTFT)
@@ -396,14 +406,14 @@ func (c *Controller) advise(d Decision, failed *Gate) Decision {
 // by requests still prefilling elsewhere), toward decode the eligible
 // prefill engine with the least projected prefill work left; ties by id. When no engine is
 // eligible, the best of the others is taken so that the gates say why.
-func (c *Controller) adjacent(s *state, dir string, step float64) (candidate, bool) {
-	pool := c.ranked(s, dir)
-	if len(pool) == 0 {
+// The caller prices it.
+func (c *Controller) adjacent(s *state, dir string) (candidate, bool) {
+	rs := c.ranks(s, dir)
+	if len(rs) == 0 {
 		return candidate{}, false
 	}
-	donor := pool[0]
-	split := moveEngine(s.cur, donor.ID, dir)
-	return candidate{dir: dir, donor: donor, split: split, price: s.view.Price(s.now, split, step)}, true
+	donor := *slices.MinFunc(rs, cmpRank).e
+	return candidate{dir: dir, donor: donor, split: moveEngine(s.cur, donor.ID, dir)}, true
 }
 
 func (c *Controller) since(t time.Time) float64 { return t.Sub(c.epoch).Seconds() }
@@ -648,39 +658,61 @@ func (c *Controller) repair(s *state, dir string, n int) Decision {
 // decode engines (fewest streams decoding, then fewest reserved), toward decode the prefill
 // engines with the least projected prefill work; ties by id.
 func (c *Controller) ranked(s *state, dir string) []fleet.Engine {
+	rs := c.ranks(s, dir)
+	slices.SortFunc(rs, cmpRank)
+	pool := make([]fleet.Engine, len(rs))
+	for i := range rs {
+		pool[i] = *rs[i].e
+	}
+	return pool
+}
+
+// rank is an engine's place in the donor order of a direction.
+type rank struct {
+	ineligible bool
+	work, more float64 // toward prefill streams decoding and reserved; toward decode prefill work
+	e          *fleet.Engine
+}
+
+// ranks are the live engines that could move in dir, unordered.
+func (c *Controller) ranks(s *state, dir string) []rank {
 	from := fleet.Decode
 	if dir == ToDecode {
 		from = fleet.Prefill
 	}
-	var pool []fleet.Engine
-	for _, e := range s.fleet.Engines {
-		if e.Live() && e.Role == from {
-			pool = append(pool, e)
+	var rs []rank
+	for i := range s.fleet.Engines {
+		e := &s.fleet.Engines[i]
+		if !e.Live() || e.Role != from {
+			continue
 		}
-	}
-	key := func(e fleet.Engine) (float64, float64) {
-		l := s.loads[e.ID]
-		switch {
+		r := rank{ineligible: e.Pinned || !c.dwelt(s.t, *e) || !c.hasCurve(*e, dir), e: e}
+		switch l := s.loads[e.ID]; {
 		case l == nil:
-			return 0, 0
 		case dir == ToPrefill:
-			return float64(l.DecodeResidents), float64(l.ReservedStreams)
+			r.work, r.more = float64(l.DecodeResidents), float64(l.ReservedStreams)
+		default:
+			r.work = l.BusyUntilS
 		}
-		return l.BusyUntilS, 0
+		rs = append(rs, r)
 	}
-	eligible := func(e fleet.Engine) bool { return !e.Pinned && c.dwelt(s.t, e) && c.hasCurve(e, dir) }
-	sort.SliceStable(pool, func(i, j int) bool {
-		if ei, ej := eligible(pool[i]), eligible(pool[j]); ei != ej {
-			return ei
+	return rs
+}
+
+// cmpRank orders donors: eligible first, then the least work, then id (a total order).
+func cmpRank(a, b rank) int {
+	switch {
+	case a.ineligible != b.ineligible:
+		if a.ineligible {
+			return 1
 		}
-		wi, ri := key(pool[i])
-		wj, rj := key(pool[j])
-		if wi != wj || ri != rj {
-			return wi < wj || wi == wj && ri < rj
-		}
-		return pool[i].ID < pool[j].ID
-	})
-	return pool
+		return -1
+	case a.work != b.work:
+		return cmp.Compare(a.work, b.work)
+	case a.more != b.more:
+		return cmp.Compare(a.more, b.more)
+	}
+	return strings.Compare(a.e.ID, b.e.ID)
 }
 
 // readmit gives an engine that became active again the role whose pool the pricing says needs
@@ -688,9 +720,9 @@ func (c *Controller) ranked(s *state, dir string) []fleet.Engine {
 // engine keeps its role.
 func (c *Controller) readmit(s *state, e fleet.Engine) Decision {
 	d := c.base(s, CallerReadmission)
-	step := c.cfg.Reactive.StepS
 	asPrefill, asDecode := moveEngine(s.cur, e.ID, ToPrefill), moveEngine(s.cur, e.ID, ToDecode)
-	pp, pd := s.view.Price(s.now, asPrefill, step), s.view.Price(s.now, asDecode, step)
+	ps, _ := s.view.Price(s.now, router.Query{Splits: []router.Split{asPrefill, asDecode}, StepS: c.cfg.Reactive.StepS})
+	pp, pd := ps[0], ps[1]
 	d.Candidates = []Priced{priced(asPrefill, pp, e.Role == fleet.Prefill, e.ID), priced(asDecode, pd, e.Role == fleet.Decode, e.ID)}
 	want, dir := fleet.Prefill, ToPrefill
 	if pd.Worst < pp.Worst {
@@ -750,25 +782,29 @@ func (c *Controller) Advise(now time.Time, fl fleet.Snapshot, v View, prefill, d
 	}
 	rec := c.base(&s, CallerAPI)
 	rec.Reason = reason
-	step := c.cfg.Reactive.StepS
-	p0 := v.Price(now, s.cur, step)
-	rec.Candidates = append(rec.Candidates, priced(s.cur, p0, true, ""))
 	rec.Outcome, rec.AdvisoryResult = OutcomeAdvisory, "retained"
-	if prefill == p {
-		return c.record(rec), nil
-	}
 	dir, n := ToPrefill, prefill-p
 	if n < 0 {
 		dir, n = ToDecode, -n
 	}
-	rec.Direction = dir
 	donors := c.ranked(&s, dir)[:n]
 	cand := candidate{dir: dir, split: s.cur}
 	for _, e := range donors {
 		cand.donor = e
 		cand.split = moveEngine(cand.split, e.ID, dir)
 	}
-	cand.price = v.Price(now, cand.split, step)
+	splits := []router.Split{s.cur}
+	if n > 0 {
+		splits = append(splits, cand.split)
+	}
+	ps, _ := v.Price(now, router.Query{Splits: splits, StepS: c.cfg.Reactive.StepS})
+	p0 := ps[0]
+	rec.Candidates = append(rec.Candidates, priced(s.cur, p0, true, ""))
+	if n == 0 {
+		return c.record(rec), nil
+	}
+	rec.Direction = dir
+	cand.price = ps[1]
 	pc := priced(cand.split, cand.price, false, cand.donor.ID)
 	rec.Candidates = append(rec.Candidates, pc)
 	rec.SplitAfter = Split{len(cand.split.Prefill), len(cand.split.Decode)}

@@ -154,7 +154,7 @@ func BenchmarkPrice(b *testing.B) {
 				b.ReportAllocs()
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {
-					_ = r.Price(now, split, 5)
+					_, _ = r.Price(now, Query{Splits: []Split{split}, StepS: 5})
 				}
 			})
 		}

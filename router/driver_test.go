@@ -111,7 +111,8 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 		td.ScanArgs(t, "decode", &dec)
 		td.MaybeScanArgs(t, "step", &step)
 		split := Split{Prefill: splitIDs(pre), Decode: splitIDs(dec)}
-		p := d.r.Price(d.at(td), split, step)
+		ps, _ := d.r.Price(d.at(td), Query{Splits: []Split{split}, StepS: step})
+		p := ps[0]
 		fmt.Fprintf(&b, "ttft_ratio=%.3f tpot_ratio=%.3f worst=%.3f probe_ttft=%.3f\n", p.TTFTRatio, p.TPOTRatio, p.Worst, p.ProbeTTFT)
 	default:
 		t.Fatalf("%s: unknown command %q", td.Pos, td.Cmd)

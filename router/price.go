@@ -22,6 +22,22 @@ type Pricing struct {
 	// ProbeTTFT is the projected TTFT of a request of mean size arriving after stepS, behind
 	// the waiting set and the priced demand of that horizon.
 	ProbeTTFT float64
+	// RequestTTFT is the projected TTFT of Query.Request under the split: the waiting set
+	// ahead of it list-scheduled in FIFO order, then it, then the handoff (docs/role-control.md
+	// section 6 compares it for the current and the candidate split). RequestPrefill is its own
+	// prefill alone on the fastest prefill engine of the split. Both are zero when the query
+	// names no waiting request.
+	RequestTTFT, RequestPrefill float64
+}
+
+// Query is what one Price call prices: its splits together, in one walk of the waiting set
+// (a regular pass prices the current split and both adjacent ones), under the priced demand
+// of the next StepS seconds; with Request set, each split also projects that waiting
+// request's TTFT.
+type Query struct {
+	Splits  []Split
+	StepS   float64
+	Request Handle
 }
 
 // ProbePromptTokens sizes the probe request of Price when no demand has been seen yet (a
@@ -47,100 +63,109 @@ func (r *Router) CurrentSplit() Split {
 // Demand is the short, long and priced demand at now.
 func (r *Router) Demand(now time.Time) Demand { return r.demand.estimate(r.at(now)) }
 
-// Price prices a split at now: the waiting set and the priced demand of the next stepS seconds
-// are list-scheduled in FIFO order onto the split's prefill engines (each starting free when
-// its dispatched prefill work and, for an engine leaving decode, its decode residents are done);
-// the decode pool carries the current decode residents plus the streams of the waiting
-// requests, spread as placement spreads them, while residents stay where they are.
-func (r *Router) Price(now time.Time, s Split, stepS float64) Pricing {
+// Price prices each split of q at now, in q's order: the waiting set and the priced demand of
+// the next q.StepS seconds are list-scheduled in FIFO order onto the split's prefill engines
+// (each starting free when its dispatched prefill work and, for an engine leaving decode, its
+// decode residents are done); the decode pool carries the current decode residents plus the
+// streams of the waiting requests, spread as placement spreads them, while residents stay
+// where they are. waiting reports whether q.Request is waiting (false without one). The
+// splits share one walk of the waiting set: each waiting request is looked up once and
+// scheduled onto every split.
+func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 	t := r.at(now)
-	pool, dec, handoff := r.loadSplit(t, s)
-	schedule := r.pricing.prefill.schedule
-	worstTTFT := 0.0
-	for i := 0; i < r.waiting.len(); i++ {
-		e, _, err := r.lookup(r.waiting.at(i))
+	var target *entry
+	if q.Request != 0 {
+		if e, _, err := r.lookup(q.Request); err == nil && e.phase == phaseWaiting {
+			target = e
+		}
+	}
+	ss := r.pricing.load(r, t, q.Splits)
+	for _, h := range r.waiting.all() {
+		e, _, err := r.lookup(h)
 		if err != nil || e.phase != phaseWaiting {
 			continue
 		}
-		worstTTFT = max(worstTTFT, schedule(int(e.prompt), e.arrival)+handoff-e.arrival)
+		prompt, need := int(e.prompt), e.prompt+e.output
+		for k := range ss {
+			sp := &ss[k]
+			ttft := sp.prefill.schedule(prompt, e.arrival) + sp.handoff - e.arrival
+			sp.worstTTFT = max(sp.worstTTFT, ttft)
+			if e == target {
+				sp.requestTTFT = ttft
+			}
+			sp.decode.place(need)
+		}
 	}
 	d := r.demand.estimate(t).Priced
 	meanPrompt := ProbePromptTokens
 	if d.ArrivalsPerS > 0 {
-		// The priced demand of the next stepS seconds, in expectation: a request of the mean
-		// prompt every 1/λ, then the fractional rest as one request of that fraction of the
-		// mean prompt (1.9 req/s over 0.5 s injects 0.95 of a request, not none).
 		meanPrompt = max(1, int(d.PromptTokensPerS/d.ArrivalsPerS))
-		expected := d.ArrivalsPerS * stepS
-		gap := 1 / d.ArrivalsPerS
-		k := 0
-		for ; float64(k+1) <= expected; k++ {
-			schedule(meanPrompt, t+float64(k)*gap)
-		}
-		if frac := expected - float64(k); frac > 0 {
-			schedule(max(1, int(frac*float64(meanPrompt))), t+float64(k)*gap)
-		}
 	}
-	probeAt := t + stepS
-	probe := schedule(meanPrompt, probeAt) + handoff - probeAt
-	worstTTFT = max(worstTTFT, probe)
-
-	p := Pricing{TTFTRatio: worstTTFT / r.slo.TTFTS, TPOTRatio: r.priceDecode(dec, pool) / r.slo.TPOTS, ProbeTTFT: probe}
-	p.Worst = max(p.TTFTRatio, p.TPOTRatio)
-	return p
+	probeAt := t + q.StepS
+	ps = make([]Pricing, len(ss))
+	for k := range ss {
+		sp := &ss[k]
+		if d.ArrivalsPerS > 0 {
+			// The priced demand of the next stepS seconds, in expectation: a request of the
+			// mean prompt every 1/λ, then the fractional rest as one request of that fraction
+			// of the mean prompt (1.9 req/s over 0.5 s injects 0.95 of a request, not none).
+			expected := d.ArrivalsPerS * q.StepS
+			gap := 1 / d.ArrivalsPerS
+			j := 0
+			for ; float64(j+1) <= expected; j++ {
+				sp.prefill.schedule(meanPrompt, t+float64(j)*gap)
+			}
+			if frac := expected - float64(j); frac > 0 {
+				sp.prefill.schedule(max(1, int(frac*float64(meanPrompt))), t+float64(j)*gap)
+			}
+		}
+		probe := sp.prefill.schedule(meanPrompt, probeAt) + sp.handoff - probeAt
+		p := Pricing{TTFTRatio: max(sp.worstTTFT, probe) / r.slo.TTFTS, TPOTRatio: r.priceDecode(sp) / r.slo.TPOTS, ProbeTTFT: probe}
+		p.Worst = max(p.TTFTRatio, p.TPOTRatio)
+		if target != nil {
+			p.RequestTTFT = sp.requestTTFT
+			p.RequestPrefill = math.Inf(1)
+			for _, i := range sp.pool {
+				p.RequestPrefill = min(p.RequestPrefill, r.engines[i].prefillSeconds(int(target.prompt)))
+			}
+		}
+		ps[k] = p
+	}
+	return ps, target != nil
 }
 
-// loadSplit prepares the prefill scheduler for a split at t: its prefill engines, each free
-// when freeAt says (whatever its role now). It returns the
-// pools and the handoff every projected TTFT adds after the prefill: the KV transfer and one
-// decode step on the fastest decode engine (+Inf without one).
-func (r *Router) loadSplit(t float64, s Split) (pool, dec []int, handoff float64) {
-	pool = r.indices(s.Prefill, func(e *engine) bool { return e.prof.Prefill != nil })
-	dec = r.indices(s.Decode, func(e *engine) bool { return e.prof.Decode != nil })
-	ps := &r.pricing.prefill
-	ps.reset()
-	for _, i := range pool {
-		e := &r.engines[i]
-		ps.add(e.prof.Prefill, e.corr[0], r.freeAt(t, i), i)
+// load prepares one scheduler per split at t: its prefill engines, each free when freeAt
+// says (whatever its role now), its decode engines with their residents, and the handoff
+// every projected TTFT adds after the prefill: the KV transfer and one decode step on the
+// fastest decode engine (+Inf without one).
+func (p *pricing) load(r *Router, t float64, splits []Split) []splitSched {
+	for len(p.splits) < len(splits) {
+		p.splits = append(p.splits, splitSched{})
 	}
-	kv, step := math.Inf(1), math.Inf(1)
-	if len(pool) > 0 {
-		kv = r.engines[pool[0]].prof.KVTransferS
-	}
-	for _, i := range dec {
-		e := &r.engines[i]
-		step = min(step, e.stepSeconds(e.streams+1, e.kv))
-	}
-	return pool, dec, kv + step
-}
-
-// RequestTTFT is the projected TTFT of the waiting request h under split s at now: the
-// waiting set ahead of it list-scheduled in FIFO order onto the split's prefill engines, then
-// it, then the handoff (docs/role-control.md section 6 compares this for the current and the
-// candidate split). prefill is its own prefill seconds alone on the fastest engine of the
-// split. ok is false when h is not waiting.
-func (r *Router) RequestTTFT(now time.Time, s Split, h Handle) (ttft, prefill float64, ok bool) {
-	t := r.at(now)
-	target, _, err := r.lookup(h)
-	if err != nil || target.phase != phaseWaiting {
-		return 0, 0, false
-	}
-	pool, _, handoff := r.loadSplit(t, s)
-	prefill = math.Inf(1)
-	for _, i := range pool {
-		prefill = min(prefill, r.engines[i].prefillSeconds(int(target.prompt)))
-	}
-	for i := 0; i < r.waiting.len(); i++ {
-		e, _, err := r.lookup(r.waiting.at(i))
-		if err != nil || e.phase != phaseWaiting {
-			continue
+	ss := p.splits[:len(splits)]
+	for k, s := range splits {
+		sp := &ss[k]
+		sp.worstTTFT, sp.requestTTFT = 0, 0
+		sp.pool = r.indices(sp.pool[:0], s.Prefill, func(e *engine) bool { return e.prof.Prefill != nil })
+		sp.dec = r.indices(sp.dec[:0], s.Decode, func(e *engine) bool { return e.prof.Decode != nil })
+		sp.prefill.reset()
+		for _, i := range sp.pool {
+			e := &r.engines[i]
+			sp.prefill.add(e.prof.Prefill, e.corr[0], r.freeAt(t, i), i)
 		}
-		done := r.pricing.prefill.schedule(int(e.prompt), e.arrival)
-		if e == target {
-			return done + handoff - e.arrival, prefill, true
+		sp.decode.reset(len(r.engines))
+		kv, step := math.Inf(1), math.Inf(1)
+		if len(sp.pool) > 0 {
+			kv = r.engines[sp.pool[0]].prof.KVTransferS
 		}
+		for _, i := range sp.dec {
+			e := &r.engines[i]
+			sp.decode.add(e.prof.Decode, e.corr[1], e.streams, e.kv, i)
+			step = min(step, e.stepSeconds(e.streams+1, e.kv))
+		}
+		sp.handoff = kv + step
 	}
-	return 0, 0, false
+	return ss
 }
 
 // FirstTokenTimeoutAt is when the latest first-token timeout happened (false before any): the
@@ -152,30 +177,17 @@ func (r *Router) FirstTokenTimeoutAt() (time.Time, bool) {
 	return r.Time(r.lastTimeout), true
 }
 
-// priceDecode is the largest projected decode step over the split: the decode pool's engines
-// with their residents plus the waiting requests' streams (each on the engine where it steps
-// fastest), and the prefill pool's engines still holding decode residents.
-func (r *Router) priceDecode(dec, prefill []int) float64 {
-	if len(dec) == 0 {
+// priceDecode is the largest projected decode step over a split whose decode scheduler has
+// placed the waiting requests' streams (each on the engine where it steps fastest): the decode
+// pool's engines, and the prefill pool's engines still holding decode residents.
+func (r *Router) priceDecode(sp *splitSched) float64 {
+	if len(sp.dec) == 0 {
 		return math.Inf(1)
 	}
-	ds := &r.pricing.decode
-	ds.reset(len(r.engines))
-	for _, i := range dec {
-		e := &r.engines[i]
-		ds.add(e.prof.Decode, e.corr[1], e.streams, e.kv, i)
-	}
-	for i := 0; i < r.waiting.len(); i++ {
-		e, _, err := r.lookup(r.waiting.at(i))
-		if err != nil || e.phase != phaseWaiting {
-			continue
-		}
-		ds.place(e.prompt + e.output)
-	}
 	worst := 0.0
-	for _, i := range dec {
+	for _, i := range sp.dec {
 		e := &r.engines[i]
-		streams, kv := ds.streams[i], ds.kv[i]
+		streams, kv := sp.decode.streams[i], sp.decode.kv[i]
 		if streams > e.prof.Decode.MaxStreams || kv > int64(e.prof.Decode.MaxKVTokens) {
 			return math.Inf(1)
 		}
@@ -183,7 +195,7 @@ func (r *Router) priceDecode(dec, prefill []int) float64 {
 			worst = max(worst, e.stepSeconds(streams, kv))
 		}
 	}
-	for _, i := range prefill { // donors keep their residents until they drain
+	for _, i := range sp.pool { // donors keep their residents until they drain
 		if e := &r.engines[i]; e.streams > 0 && e.prof.Decode != nil {
 			worst = max(worst, e.stepSeconds(e.streams, e.kv))
 		}
@@ -191,23 +203,15 @@ func (r *Router) priceDecode(dec, prefill []int) float64 {
 	return worst
 }
 
-// indices resolves engine ids to indices, skipping unknown ones and engines whose profile
-// lacks the pool's curve.
-func (r *Router) indices(ids []string, can func(*engine) bool) []int {
-	out := make([]int, 0, len(ids))
+// indices appends to dst the indices of engine ids, skipping unknown ones and engines whose
+// profile lacks the pool's curve.
+func (r *Router) indices(dst []int, ids []string, can func(*engine) bool) []int {
 	for _, id := range ids {
 		if i, ok := r.byID[id]; ok && can(&r.engines[i]) {
-			out = append(out, int(i))
+			dst = append(dst, int(i))
 		}
 	}
-	return out
-}
-
-// Pressures prices the current split: prefill pressure is its TTFT ratio, decode pressure its
-// TPOT ratio.
-func (r *Router) Pressures(now time.Time, stepS float64) (prefill, decode float64) {
-	p := r.Price(now, r.CurrentSplit(), stepS)
-	return p.TTFTRatio, p.TPOTRatio
+	return dst
 }
 
 // Pricing list-schedules thousands of requests onto hundreds of engines, so each choice must
@@ -221,10 +225,18 @@ const classWidth = 0.01
 
 func classOf(corr float64) int64 { return int64(math.Round(math.Log(corr) / math.Log1p(classWidth))) }
 
-// pricing holds the schedulers' storage between calls (Price allocates nothing once grown).
-type pricing struct {
-	prefill prefillSched
-	decode  decodeSched
+// pricing holds the schedulers' storage between calls (Price allocates only its result once
+// grown): one splitSched per split of a query.
+type pricing struct{ splits []splitSched }
+
+// splitSched prices one split of a query: its pools, its schedulers and what the walk of the
+// waiting set found.
+type splitSched struct {
+	pool, dec              []int // engine indices
+	handoff                float64
+	prefill                prefillSched
+	decode                 decodeSched
+	worstTTFT, requestTTFT float64
 }
 
 // class is one pricing class: the engines of one curve whose correction factors are within
@@ -279,7 +291,7 @@ func (p *prefillSched) schedule(tokens int, arrival float64) float64 {
 	best, done := -1, math.Inf(1)
 	for i := range p.classes {
 		c := &p.classes[i]
-		if end := max(c.heap.peek().key, arrival) + c.curve.Seconds(max(tokens, 1))*c.corr; end < done {
+		if end := max(c.heap.top(), arrival) + c.curve.Seconds(max(tokens, 1))*c.corr; end < done {
 			best, done = i, end
 		}
 	}
@@ -312,22 +324,22 @@ func (d *decodeSched) add(curve *config.DecodeCurve, corr float64, streams int, 
 
 // place adds one stream reserving need KV tokens where it steps fastest.
 func (d *decodeSched) place(need int64) {
-	best, bestStep := -1, math.Inf(1)
+	best, bestStep, bestLoad := -1, math.Inf(1), 0.0
 	for i := range d.classes {
 		c := &d.classes[i]
-		load := c.heap.peek().key + c.curve.PerStreamS + c.curve.PerKVTokenS*float64(need)
+		load := c.heap.top() + c.curve.PerStreamS + c.curve.PerKVTokenS*float64(need)
 		if s := (c.curve.BaseS + load) * c.corr; s < bestStep {
-			best, bestStep = i, s
+			best, bestStep, bestLoad = i, s, load
 		}
 	}
 	if best < 0 {
 		return
 	}
 	c := &d.classes[best]
-	e := int(c.heap.peek().id)
+	e := int(c.heap.ids[0])
 	d.streams[e]++
 	d.kv[e] += need
-	c.heap.fix(c.curve.PerStreamS*float64(d.streams[e]) + c.curve.PerKVTokenS*float64(d.kv[e]))
+	c.heap.fix(bestLoad)
 }
 
 // Fork copies the router into dst for pricing away from the live one (the controller prices a

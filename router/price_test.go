@@ -1,6 +1,7 @@
 package router
 
 import (
+	"math"
 	"testing"
 
 	"github.com/narwhal-llm/narwhal/config"
@@ -29,10 +30,61 @@ func TestPriceInjectsFractionalDemand(t *testing.T) {
 	if d := r.Demand(now).Priced; d.ArrivalsPerS < 1.85 || d.ArrivalsPerS > 1.95 {
 		t.Fatalf("priced demand %+v, want 1.9 arrivals/s", d)
 	}
-	pr := r.Price(now, r.CurrentSplit(), 0.5)
+	ps, _ := r.Price(now, Query{Splits: []Split{r.CurrentSplit()}, StepS: 0.5})
+	pr := ps[0]
 	// The injected 0.95 request takes the engine from now to now+1 s; the probe, arriving at
 	// now+0.5 s, waits for it: about 0.5 + 1 s, plus the handoff and one decode step.
 	if pr.ProbeTTFT < 1.45 {
 		t.Fatalf("probe TTFT %.3f s: the fractional demand was not priced", pr.ProbeTTFT)
+	}
+}
+
+// Splits priced together in one walk of the waiting set price as each does alone: the
+// schedulers of one split share nothing with another's, and the request's projected TTFT is
+// the same FIFO prefix, whichever splits come with it.
+func TestPriceSplitsTogetherAsAlone(t *testing.T) {
+	cfg := config.Default()
+	r := testRouter(t, cfg, "p1 prefill", "p2 prefill", "d1 decode", "d2 decode", "d3 decode")
+	var target Handle
+	for k := 0; k < 40; k++ {
+		o := r.Offer(at(float64(k)*0.05), Offer{ID: "r", PromptTokens: 2000 + 300*(k%7), MaxTokens: 64 + k})
+		if o.Status == Rejected {
+			t.Fatalf("offer %d: %+v", k, o)
+		}
+		if k == 30 {
+			target = o.Handle
+		}
+	}
+	if r.Snapshot(at(2)).Retained.Waiting < 20 {
+		t.Fatalf("want a waiting set: %+v", r.Snapshot(at(2)).Retained)
+	}
+	splits := []Split{
+		{Prefill: []string{"p1", "p2"}, Decode: []string{"d1", "d2", "d3"}},
+		{Prefill: []string{"p1", "p2", "d1"}, Decode: []string{"d2", "d3"}},
+		{Prefill: []string{"p1"}, Decode: []string{"p2", "d1", "d2", "d3"}},
+		{Prefill: []string{"p1", "p2", "d1", "d2", "d3"}}, // no decode pool: +Inf
+	}
+	now := at(2)
+	together, waiting := r.Price(now, Query{Splits: splits, StepS: 5, Request: target})
+	if !waiting {
+		t.Fatal("the target request is waiting")
+	}
+	for k, s := range splits {
+		alone, _ := r.Price(now, Query{Splits: []Split{s}, StepS: 5, Request: target})
+		if together[k] != alone[0] {
+			t.Errorf("split %d: together %+v, alone %+v", k, together[k], alone[0])
+		}
+		if together[k].RequestTTFT <= 0 || together[k].RequestPrefill <= 0 {
+			t.Errorf("split %d: no projection of the request: %+v", k, together[k])
+		}
+	}
+	if !math.IsInf(together[3].TPOTRatio, 1) {
+		t.Errorf("a split without decode engines: tpot_ratio %v, want +Inf", together[3].TPOTRatio)
+	}
+	if together[1].RequestTTFT >= together[0].RequestTTFT {
+		t.Errorf("a third prefill engine does not bring the request's TTFT forward: %v >= %v", together[1].RequestTTFT, together[0].RequestTTFT)
+	}
+	if _, waiting := r.Price(now, Query{Splits: splits[:1], StepS: 5}); waiting {
+		t.Error("a query without a request reports one waiting")
 	}
 }
