@@ -44,8 +44,8 @@ func BenchmarkUrgent(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				c.urgent = &pending{due: 0, tr: tr}
-				if d, ok := c.Tick(now, fl, r); !ok || d.Caller != CallerUrgent {
-					b.Fatalf("no urgent evaluation: %+v", d)
+				if d, ok := c.Tick(now, fl, r); !ok || d.Caller != CallerUrgent || d.Outcome == OutcomeDropped {
+					b.Fatalf("no urgent evaluation of a waiting request: %+v", d)
 				}
 			}
 		})
@@ -74,12 +74,19 @@ func benchFleet(b *testing.B, n, waiting int) (*Controller, fleet.Snapshot, *rou
 	var tr router.Trigger
 	for i := 0; r.Snapshot(now).Retained.Waiting < waiting; i++ {
 		now = now.Add(10 * time.Millisecond)
-		if o := r.Offer(now, router.Offer{ID: "r", PromptTokens: 512 + i%1024, MaxTokens: 64}); o.Status == router.Rejected {
+		o := r.Offer(now, router.Offer{ID: "r", PromptTokens: 512 + i%1024, MaxTokens: 64})
+		if o.Status == router.Rejected {
 			b.Fatalf("rejected: %+v", o)
 		}
-		if t, ok := r.TakeTrigger(); ok && tr.Handle == 0 {
-			tr = t
+		// The urgent benchmark evaluates the latest waiting request (a large pool may project
+		// every TTFT under the SLO and raise no trigger; the evaluation costs the same).
+		if o.Status == router.Waiting {
+			tr = router.Trigger{Request: "r", Handle: o.Handle}
 		}
+		r.TakeTrigger()
+	}
+	if _, waiting := r.Price(now, router.Query{Splits: []router.Split{r.CurrentSplit()}, Request: tr.Handle}); !waiting {
+		b.Fatalf("the trigger %+v is not waiting", tr)
 	}
 	c := New(cfg, epoch)
 	c.win.closed = true
