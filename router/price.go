@@ -347,7 +347,7 @@ func (d *decodeSched) place(need int64) {
 // dst's storage: pass the previous fork, or nil for a new one. The fork shares nothing the live
 // router changes: engines, entries, the waiting set and the demand samples are copied; it has no
 // prefix-affinity index, outbox, trigger or ejections. Only read-only calls (Price,
-// RequestTTFT, Snapshot, Demand, FirstTokenTimeoutAt) are meant for it.
+// Snapshot, Demand, FirstTokenTimeoutAt) are meant for it.
 func (r *Router) Fork(dst *Router) *Router {
 	if dst == nil {
 		dst = &Router{}
