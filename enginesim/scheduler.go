@@ -106,6 +106,13 @@ type jobRecord struct {
 	firstStep, secondStep, lastStep uint64
 }
 
+// jobEvents hears first tokens and ends with their times (the virtual-time Model); the HTTP
+// engine's handlers watch published progress instead.
+type jobEvents interface {
+	firstToken(j *job, at time.Time)
+	ended(j *job, st jobState, at time.Time)
+}
+
 // tracer observes the scheduler. It is called with the loop's mutex held, so it must be quick
 // and must not call back into the engine.
 type tracer interface {
@@ -146,6 +153,7 @@ type scheduler struct {
 	sigma      float64
 	noise      *rand.Rand
 	trace      tracer
+	events     jobEvents // nil in the HTTP engine
 
 	queue      []*job // FIFO of jobs not yet admitted
 	prefilling *job   // the job of the current prefill step; nil if none or cancelled
@@ -327,6 +335,9 @@ func (s *scheduler) completeStep() {
 		s.counts.generationTokens++
 		j.generated = 1
 		j.firstStep, j.lastStep = seq, seq
+		if s.events != nil {
+			s.events.firstToken(j, s.stepEnd)
+		}
 		if j.generated >= j.output {
 			s.reserved -= j.prompt + j.output
 			s.end(j, jobFinished)
@@ -343,6 +354,9 @@ func (s *scheduler) completeStep() {
 			switch j.generated {
 			case 1:
 				j.firstStep = seq
+				if s.events != nil {
+					s.events.firstToken(j, s.stepEnd)
+				}
 			case 2:
 				j.secondStep = seq
 			}
@@ -400,6 +414,9 @@ func (s *scheduler) end(j *job, st jobState) {
 			prompt: j.prompt, output: j.output, generated: j.generated,
 			firstStep: j.firstStep, secondStep: j.secondStep, lastStep: j.lastStep,
 		})
+	}
+	if s.events != nil {
+		s.events.ended(j, st, s.stepEnd)
 	}
 	j.publish()
 }
