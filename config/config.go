@@ -3,7 +3,10 @@
 // in keys ending in _s. Names are fixed by the contract (README, "Configuration").
 package config
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // DefaultProfileName names the measured profile the embedded default ships: Llama-3.1-8B-FP8
 // on one H200 with vLLM (TP1), fitted to the profiling data published with NVIDIA Dynamo.
@@ -257,3 +260,15 @@ type Engine struct {
 
 // Seconds converts a config duration in seconds to a time.Duration.
 func Seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// TimeAt is the first instant, to the nanosecond, at least s seconds after epoch as a core
+// reckons (its Sub(epoch).Seconds() ≥ s): a core's deadline (seconds since its epoch) handed
+// back to it as a time is reached, never a hair early — a caller driving virtual time would
+// otherwise wake at it for ever. Whole seconds stay whole.
+func TimeAt(epoch time.Time, s float64) time.Time {
+	d := time.Duration(math.Ceil(s * float64(time.Second)))
+	for d.Seconds() < s {
+		d++
+	}
+	return epoch.Add(d)
+}

@@ -103,7 +103,7 @@ func (c *Controller) NextDeadline() time.Time {
 	if c.urgent != nil {
 		next = min(next, c.urgent.due)
 	}
-	return c.epoch.Add(config.Seconds(next))
+	return config.TimeAt(c.epoch, next)
 }
 
 // Tick runs the evaluation due at now, if any, on the fleet fl and the router's projection v,

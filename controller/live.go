@@ -200,18 +200,24 @@ func (l *Live) publish(d *Decision, took time.Duration) {
 	}
 }
 
-// apply makes a decision's moves in the fleet at the decision's time; l.mu is held. A move the
-// fleet refuses (an engine an operator pinned in between) is logged and left out of the record,
-// whose outcome and split say what happened.
-func (l *Live) apply(d *Decision, now time.Time) {
+// apply makes a decision's moves in the fleet at the decision's time; l.mu is held.
+func (l *Live) apply(d *Decision, now time.Time) { ApplyDecision(l.fleet, d, now, l.log) }
+
+// ApplyDecision makes a decision's moves in the fleet at now (the decision's time), as the live
+// wrapper and the simulator do. A move the fleet refuses (an engine an operator pinned in
+// between) is logged and left out of the record, whose outcome and split say what happened.
+// log may be nil.
+func ApplyDecision(f *fleet.Fleet, d *Decision, now time.Time, log *slog.Logger) {
 	kept := d.Moves[:0]
 	for _, m := range d.Moves {
 		role, err := fleet.ParseRole(m.To)
 		if err == nil {
-			_, err = l.fleet.SetRole(m.Engine, role, now, DecisionCause(d.Seq))
+			_, err = f.SetRole(m.Engine, role, now, DecisionCause(d.Seq))
 		}
 		if err != nil {
-			l.log.Warn("role move refused", "decision", d.Seq, "engine", m.Engine, "err", err)
+			if log != nil {
+				log.Warn("role move refused", "decision", d.Seq, "engine", m.Engine, "err", err)
+			}
 			d.Reason += fmt.Sprintf("; the fleet refused moving %s: %v", m.Engine, err)
 			continue
 		}

@@ -63,13 +63,17 @@ func (m *Model) Fail() []uint64 {
 	return ids
 }
 
-// Load is the engine's requests now: decoding residents, the one prefilling, and queued.
-func (m *Model) Load() (decoding, prefilling, queued int) {
+// Residents is how many requests the engine holds: queued, prefilling and decoding.
+func (m *Model) Residents() int {
+	n := len(m.s.queue) + len(m.s.batch)
 	if m.s.prefilling != nil {
-		prefilling = 1
+		n++
 	}
-	return len(m.s.batch), prefilling, len(m.s.queue)
+	return n
 }
+
+// Decoding is the decode batch now: its streams and their KV tokens.
+func (m *Model) Decoding() (streams, kvTokens int) { return len(m.s.batch), m.s.batchKV }
 
 func (m *Model) firstToken(j *job, at time.Time) { m.obs.FirstToken(j.id, at) }
 

@@ -88,3 +88,16 @@ func TestPriceSplitsTogetherAsAlone(t *testing.T) {
 		t.Error("a query without a request reports one waiting")
 	}
 }
+
+// A deadline converted to a time and back is reached: at(Time(s)) >= s. (Truncating to the
+// nanosecond made a virtual-time caller wake at a wait limit Tick did not see as reached, for
+// ever.)
+func TestTimeRoundTripReachesTheDeadline(t *testing.T) {
+	r := testRouter(t, config.Default(), "p prefill", "d decode")
+	for k := 0; k < 100000; k++ {
+		s := float64(k)*0.0137 + 1e-9*float64(k%7)
+		if got := r.Time(s).Sub(r.epoch).Seconds(); got < s {
+			t.Fatalf("Time(%v) is %v seconds after the epoch, before the deadline", s, got)
+		}
+	}
+}

@@ -191,10 +191,9 @@ func (r *Router) at(now time.Time) float64 {
 	return r.now
 }
 
-// Time converts seconds since the router's epoch back to a time.
-func (r *Router) Time(s float64) time.Time {
-	return r.epoch.Add(time.Duration(s * float64(time.Second)))
-}
+// Time converts seconds since the router's epoch back to a time (config.TimeAt: a deadline
+// handed back to Tick is reached).
+func (r *Router) Time(s float64) time.Time { return config.TimeAt(r.epoch, s) }
 
 // SetFleet applies the fleet's roles, lifecycles and addresses. Residents stay where they are
 // (resident ownership); the projection of the waiting set is recomputed for the new pools.

@@ -82,6 +82,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		newEnvoyConfig(stdout),
 		newEngineSim(&g, stderr),
 		newAudit(stdout),
+		newSim(stdout, stderr),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",

@@ -1,0 +1,237 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/router"
+)
+
+// PolicyKind is how a replay's roles move.
+type PolicyKind uint8
+
+// Policy kinds. StaticBest and OracleWindow are not replays of their own: they are read off
+// the static runs of every split.
+const (
+	PolicyNarwhal      PolicyKind = iota + 1 // the controller, as serve runs it
+	PolicyStatic                             // fixed roles: the config's, or Prefill prefill engines
+	PolicyThreshold                          // the threshold planner baseline
+	PolicyStaticBest                         // the best static split, chosen after the fact
+	PolicyOracleWindow                       // per window, the best static split's attainment
+)
+
+// Policy is one column of a replay's report.
+type Policy struct {
+	Name    string // as given: narwhal, static, static:P, static:best, threshold, oracle:window
+	Kind    PolicyKind
+	Prefill int // static:P: the first P engines of the config prefill, the rest decode (-1: the config's roles)
+}
+
+// ParsePolicies reads a comma-separated list of policies.
+func ParsePolicies(list string, engines int) ([]Policy, error) {
+	var out []Policy
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		p := Policy{Name: name, Prefill: -1}
+		switch {
+		case name == "narwhal":
+			p.Kind = PolicyNarwhal
+		case name == "static":
+			p.Kind = PolicyStatic
+		case name == "static:best":
+			p.Kind = PolicyStaticBest
+		case name == "threshold":
+			p.Kind = PolicyThreshold
+		case name == "oracle:window":
+			p.Kind = PolicyOracleWindow
+		case strings.HasPrefix(name, "static:"):
+			n, err := strconv.Atoi(strings.TrimPrefix(name, "static:"))
+			if err != nil || n < 1 || n >= engines {
+				return nil, fmt.Errorf("policy %q: want static:P with 1 <= P <= %d (the fleet has %d engines)", name, engines-1, engines)
+			}
+			p.Kind, p.Prefill = PolicyStatic, n
+		default:
+			return nil, fmt.Errorf("policy %q: want narwhal, static, static:P, static:best, threshold or oracle:window", name)
+		}
+		if slices.ContainsFunc(out, func(q Policy) bool { return q.Name == p.Name }) {
+			return nil, fmt.Errorf("policy %q given twice", name)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// replays are the replays a list of policies needs: each narwhal, static and threshold policy,
+// and every static split once when static:best or oracle:window asks for them.
+func replays(ps []Policy, engines int) []Policy {
+	var out []Policy
+	add := func(p Policy) {
+		if !slices.ContainsFunc(out, func(q Policy) bool { return q.Name == p.Name }) {
+			out = append(out, p)
+		}
+	}
+	for _, p := range ps {
+		switch p.Kind {
+		case PolicyStaticBest, PolicyOracleWindow:
+			for n := 1; n < engines; n++ {
+				add(Policy{Name: "static:" + strconv.Itoa(n), Kind: PolicyStatic, Prefill: n})
+			}
+		default:
+			add(p)
+		}
+	}
+	return out
+}
+
+// configure is the config a replay of p runs: static:P's roles; the controller only for
+// narwhal (the others run the router alone).
+func (p Policy) configure(cfg *config.Config) *config.Config {
+	c := *cfg
+	c.Engines = slices.Clone(cfg.Engines)
+	if p.Kind == PolicyStatic && p.Prefill >= 0 {
+		for i := range c.Engines {
+			c.Engines[i].Role = fleet.Decode.String()
+			if i < p.Prefill {
+				c.Engines[i].Role = fleet.Prefill.String()
+			}
+		}
+	}
+	return &c
+}
+
+// planner is the threshold baseline (docs/sim.md): the rule of a well-known open-source planner,
+// each pool scaled on its own. Every controller.reactive.step_s it moves one engine into a pool
+// all of whose engines project an SLO miss, and moves a borrowed engine back once the pool that
+// borrowed it could shrink by one with its load × N/(N−1) still under 0.8 × the SLO.
+type planner struct {
+	cfg      *config.Config
+	next     time.Time
+	borrowed map[string]fleet.Role // engine → the pool it was moved into
+}
+
+func newPlanner(cfg *config.Config) *planner {
+	return &planner{cfg: cfg, next: Epoch.Add(config.Seconds(cfg.Controller.Reactive.StepS)), borrowed: map[string]fleet.Role{}}
+}
+
+// plannerMove is one move of the threshold planner.
+type plannerMove struct {
+	Engine string
+	to     fleet.Role
+}
+
+// evaluate is one planner pass at now.
+func (p *planner) evaluate(now time.Time, r *router.Router, fl fleet.Snapshot, engines []*simEngine) []plannerMove {
+	p.next = now.Add(config.Seconds(p.cfg.Controller.Reactive.StepS))
+	snap := r.Snapshot(now)
+	loads := map[string]router.EngineLoad{}
+	for _, l := range snap.Engines {
+		loads[l.ID] = l
+	}
+	meanPrompt := float64(router.ProbePromptTokens)
+	if d := snap.Demand.Priced; d.ArrivalsPerS > 0 {
+		meanPrompt = d.PromptTokensPerS / d.ArrivalsPerS
+	}
+	// Each engine's load against its SLO: a prefill engine's projected TTFT for a request of
+	// the mean prompt arriving now; a decode engine's step time with its residents now.
+	var pre, dec []float64
+	var preIDs, decIDs []string
+	byID := map[string]*simEngine{}
+	for _, e := range engines {
+		byID[e.id] = e
+	}
+	for _, e := range fl.Engines {
+		if !e.Live() {
+			continue
+		}
+		prof := p.cfg.Profiles[e.Profile]
+		switch e.Role {
+		case fleet.Prefill:
+			if prof.Prefill == nil {
+				continue
+			}
+			ttft := loads[e.ID].BusyUntilS + prof.Prefill.Seconds(int(meanPrompt)) + prof.KVTransferS
+			pre, preIDs = append(pre, ttft/p.cfg.SLO.TTFTS), append(preIDs, e.ID)
+		case fleet.Decode:
+			if prof.Decode == nil {
+				continue
+			}
+			streams, kv := byID[e.ID].m.Decoding()
+			dec, decIDs = append(dec, prof.Decode.StepSeconds(streams+1, kv)/p.cfg.SLO.TPOTS), append(decIDs, e.ID)
+		}
+	}
+	all := func(xs []float64) bool {
+		for _, x := range xs {
+			if x <= 1 {
+				return false
+			}
+		}
+		return len(xs) > 0
+	}
+	canShrink := func(xs []float64) bool {
+		n := float64(len(xs))
+		if len(xs) < 2 {
+			return false
+		}
+		sum := 0.0
+		for _, x := range xs {
+			sum += x
+		}
+		return sum/n*n/(n-1) < 0.8
+	}
+	lightest := func(ids []string, xs []float64) string {
+		best := -1
+		for i := range ids {
+			if best < 0 || xs[i] < xs[best] || xs[i] == xs[best] && ids[i] < ids[best] {
+				best = i
+			}
+		}
+		return ids[best]
+	}
+	minP, minD := max(p.cfg.Controller.MinPrefill, 1), max(p.cfg.Controller.MinDecode, 1)
+	switch {
+	case all(pre) && len(dec) > minD:
+		id := lightest(decIDs, dec)
+		p.borrow(id, fleet.Prefill)
+		return []plannerMove{{id, fleet.Prefill}}
+	case all(dec) && len(pre) > minP:
+		id := lightest(preIDs, pre)
+		p.borrow(id, fleet.Decode)
+		return []plannerMove{{id, fleet.Decode}}
+	}
+	// Give back a borrowed engine once the pool holding it can shrink.
+	for _, pool := range []struct {
+		role fleet.Role
+		ids  []string
+		xs   []float64
+		min  int
+	}{{fleet.Prefill, preIDs, pre, minP}, {fleet.Decode, decIDs, dec, minD}} {
+		if len(pool.ids) <= pool.min || !canShrink(pool.xs) {
+			continue
+		}
+		for i, id := range pool.ids {
+			if p.borrowed[id] == pool.role {
+				_ = i
+				delete(p.borrowed, id)
+				back := fleet.Decode
+				if pool.role == fleet.Decode {
+					back = fleet.Prefill
+				}
+				return []plannerMove{{id, back}}
+			}
+		}
+	}
+	return nil
+}
+
+func (p *planner) borrow(id string, into fleet.Role) {
+	if p.borrowed[id] != 0 && p.borrowed[id] != into {
+		delete(p.borrowed, id) // moving back where it came from: no longer borrowed
+		return
+	}
+	p.borrowed[id] = into
+}

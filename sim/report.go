@@ -1,0 +1,397 @@
+package sim
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/audit"
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
+)
+
+// Options configure Simulate.
+type Options struct {
+	Policies []Policy
+	Seed     int64
+	// WindowS is the width of the report's time windows (oracle:window, the plot), seconds.
+	WindowS float64
+	// DurationS cuts the trace's arrivals at this many seconds (0: the whole trace).
+	DurationS float64
+	// Progress, when set, hears each replay's virtual time once a virtual minute.
+	Progress func(policy string, virtualS float64)
+	// Parallel bounds the replays run at once (0: one per policy).
+	Parallel int
+	// Trace names the trace in the report.
+	Trace string
+	// Changes are the times (seconds) the workload's mix changes and the direction that
+	// answers each (synthetic workloads know them), for time to adapt.
+	Changes []Change
+}
+
+// Change is a change of the workload's mix at AtS seconds that a move in Direction answers
+// ("to_prefill" or "to_decode").
+type Change struct {
+	AtS       float64 `json:"at_s"`
+	Direction string  `json:"direction"`
+}
+
+// Report is the JSON report of one invocation (docs/sim.md).
+type Report struct {
+	Trace     string         `json:"trace"`
+	Requests  int            `json:"requests"`
+	SpanS     float64        `json:"span_s"`
+	Engines   int            `json:"engines"`
+	Seed      int64          `json:"seed"`
+	SLO       config.SLO     `json:"slo"`
+	WindowS   float64        `json:"window_s"`
+	Notes     []string       `json:"notes"`
+	Policies  []PolicyReport `json:"policies"`
+	Changes   []Change       `json:"changes,omitempty"`
+	runs      map[string]*run
+	logs      map[string][]byte
+	policyFor map[string]Policy
+}
+
+// PolicyReport is one policy's figures.
+type PolicyReport struct {
+	Policy             string      `json:"policy"`
+	Split              string      `json:"split,omitempty"` // static:best: the split it chose
+	Requests           int         `json:"requests"`
+	Completed          int         `json:"completed"`
+	Rejected           int         `json:"rejected"`
+	Failed             int         `json:"failed"`
+	SLOAttainment      float64     `json:"slo_attainment"`
+	GoodputRPS         float64     `json:"goodput_rps"` // requests meeting the SLO per second of the span
+	TTFTS              Percentiles `json:"ttft_s"`
+	TPOTS              Percentiles `json:"tpot_s"`
+	RoleChanges        int         `json:"role_changes"`
+	RoleChangesPerHour float64     `json:"role_changes_per_hour"`
+	ReversalsPerHour   float64     `json:"reversals_per_hour"`
+	TimeToAdaptS       *float64    `json:"time_to_adapt_s"`
+	DamagedRequests    int         `json:"damaged_requests"`
+	GuardViolations    int         `json:"guard_violations"`
+	Windows            []Window    `json:"windows"`
+	WallS              float64     `json:"wall_s"`
+}
+
+// Percentiles of a distribution, seconds (null without samples).
+type Percentiles struct {
+	P50 *float64 `json:"p50"`
+	P90 *float64 `json:"p90"`
+	P99 *float64 `json:"p99"`
+}
+
+// Window is one time window of a policy's replay: requests arriving in it, those of them that
+// met the SLO, their TTFT p99, and the split at its end.
+type Window struct {
+	StartS   float64  `json:"start_s"`
+	Offered  int      `json:"offered"`
+	Met      int      `json:"met"`
+	TTFTP99  *float64 `json:"ttft_p99_s"`
+	Prefill  int      `json:"prefill"`
+	Decode   int      `json:"decode"`
+	Changes  int      `json:"role_changes"`
+}
+
+// Simulate replays reqs under each policy of o and reports them side by side.
+func Simulate(cfg *config.Config, reqs []Request, o Options) (*Report, error) {
+	if len(o.Policies) == 0 {
+		return nil, fmt.Errorf("sim: no policy")
+	}
+	if o.WindowS <= 0 {
+		o.WindowS = 60
+	}
+	if o.DurationS > 0 {
+		cut := sort.Search(len(reqs), func(i int) bool { return reqs[i].ArrivalS > o.DurationS })
+		reqs = reqs[:cut]
+	}
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("sim: the trace has no requests (within --duration-s)")
+	}
+	span := reqs[len(reqs)-1].ArrivalS
+	end := Epoch.Add(config.Seconds(span))
+	rep := &Report{Trace: o.Trace, Requests: len(reqs), SpanS: span, Engines: len(cfg.Engines), Seed: o.Seed, SLO: cfg.SLO,
+		WindowS: o.WindowS, Changes: o.Changes, runs: map[string]*run{}, logs: map[string][]byte{}, policyFor: map[string]Policy{}}
+	if !slices.ContainsFunc(reqs, func(q Request) bool { return len(q.PrefixBlocks) > 0 }) {
+		rep.Notes = append(rep.Notes, "the trace has no prefix_blocks: prefix affinity had nothing to act on")
+	} else {
+		rep.Notes = append(rep.Notes, "the trace's prefix_blocks are not modelled by the simulated engines (no prefix cache): prefix affinity had nothing to act on")
+	}
+	todo := replays(o.Policies, len(cfg.Engines))
+	par := o.Parallel
+	if par <= 0 {
+		par = len(todo)
+	}
+	sem := make(chan struct{}, par)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	errs := make([]error, len(todo))
+	walls := map[string]float64{}
+	for k, p := range todo {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			begin := time.Now()
+			s, err := newRun(cfg, p, reqs, o.Seed, end)
+			if err != nil {
+				errs[k] = err
+				return
+			}
+			var progress func(float64)
+			if o.Progress != nil {
+				progress = func(t float64) { o.Progress(p.Name, t) }
+			}
+			if err := s.loop(progress); err != nil {
+				errs[k] = err
+				return
+			}
+			mu.Lock()
+			rep.runs[p.Name], rep.logs[p.Name], walls[p.Name] = s, s.logBuf.Bytes(), time.Since(begin).Seconds()
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	for _, p := range o.Policies {
+		rep.policyFor[p.Name] = p
+		var pr PolicyReport
+		switch p.Kind {
+		case PolicyStaticBest:
+			pr = rep.staticBest(cfg)
+		case PolicyOracleWindow:
+			pr = rep.oracle(cfg)
+		default:
+			var err error
+			if pr, err = rep.summarize(cfg, p.Name, rep.runs[p.Name]); err != nil {
+				return nil, err
+			}
+			pr.WallS = walls[p.Name]
+		}
+		pr.Policy = p.Name
+		rep.Policies = append(rep.Policies, pr)
+	}
+	return rep, nil
+}
+
+// statics are the static replays of every split, in split order.
+func (rep *Report) statics(cfg *config.Config) []string {
+	var names []string
+	for n := 1; n < len(cfg.Engines); n++ {
+		names = append(names, fmt.Sprintf("static:%d", n))
+	}
+	return names
+}
+
+// staticBest is the static split with the highest attainment (ties: the fewer prefill engines).
+func (rep *Report) staticBest(cfg *config.Config) PolicyReport {
+	var best PolicyReport
+	found := false
+	for _, name := range rep.statics(cfg) {
+		pr, _ := rep.summarize(cfg, name, rep.runs[name])
+		if !found || pr.SLOAttainment > best.SLOAttainment {
+			best, found = pr, true
+			best.Split = name
+		}
+	}
+	return best
+}
+
+// oracle is oracle:window: in each window, the attainment of the static split best in that
+// window — an instant, free, all-knowing role controller.
+func (rep *Report) oracle(cfg *config.Config) PolicyReport {
+	var wins [][]Window
+	for _, name := range rep.statics(cfg) {
+		pr, _ := rep.summarize(cfg, name, rep.runs[name])
+		wins = append(wins, pr.Windows)
+	}
+	pr := PolicyReport{Requests: rep.Requests}
+	met := 0
+	for w := range wins[0] {
+		best := 0
+		for k := range wins {
+			if wins[k][w].Met > wins[best][w].Met {
+				best = k
+			}
+		}
+		win := wins[best][w]
+		met += win.Met
+		pr.Windows = append(pr.Windows, win)
+	}
+	pr.SLOAttainment = float64(met) / float64(rep.Requests)
+	pr.GoodputRPS = float64(met) / math.Max(rep.SpanS, 1)
+	return pr
+}
+
+// summarize computes one replay's figures.
+func (rep *Report) summarize(cfg *config.Config, name string, s *run) (PolicyReport, error) {
+	pr := PolicyReport{Policy: name, Requests: len(s.out)}
+	slo := cfg.SLO
+	var ttfts, tpots []float64
+	nw := int(rep.SpanS/rep.WindowS) + 1
+	pr.Windows = make([]Window, nw)
+	winTTFT := make([][]float64, nw)
+	met := 0
+	for i := range s.out {
+		o := &s.out[i]
+		w := min(int(s.reqs[i].ArrivalS/rep.WindowS), nw-1)
+		pr.Windows[w].Offered++
+		switch {
+		case o.rejected:
+			pr.Rejected++
+			continue
+		case o.failed:
+			pr.Failed++
+			continue
+		case o.done.IsZero():
+			continue
+		}
+		pr.Completed++
+		ttft := o.first.Sub(o.arrival).Seconds()
+		tpot := 0.0
+		if o.generated > 1 {
+			tpot = o.done.Sub(o.first).Seconds() / float64(o.generated-1)
+			tpots = append(tpots, tpot)
+		}
+		ttfts = append(ttfts, ttft)
+		winTTFT[w] = append(winTTFT[w], ttft)
+		if ttft <= slo.TTFTS && tpot <= slo.TPOTS {
+			met++
+			pr.Windows[w].Met++
+		}
+	}
+	pr.SLOAttainment = float64(met) / float64(max(len(s.out), 1))
+	pr.GoodputRPS = float64(met) / math.Max(rep.SpanS, 1)
+	pr.TTFTS, pr.TPOTS = percentiles(ttfts), percentiles(tpots)
+	for w := range pr.Windows {
+		pr.Windows[w].StartS = float64(w) * rep.WindowS
+		pr.Windows[w].TTFTP99 = percentiles(winTTFT[w]).P99
+	}
+	// The split at each window's end, role changes in each.
+	p, d := initialSplit(s)
+	k := 0
+	for w := range pr.Windows {
+		limit := Epoch.Add(config.Seconds(float64(w+1) * rep.WindowS))
+		for ; k < len(s.moves) && s.moves[k].at.Before(limit); k++ {
+			if s.moves[k].to == fleet.Prefill {
+				p, d = p+1, d-1
+			} else {
+				p, d = p-1, d+1
+			}
+			pr.Windows[w].Changes++
+		}
+		pr.Windows[w].Prefill, pr.Windows[w].Decode = p, d
+	}
+	hours := math.Max(rep.SpanS, 1) / 3600
+	pr.RoleChanges = len(s.moves)
+	pr.RoleChangesPerHour = float64(len(s.moves)) / hours
+	reversals := 0
+	for i := 1; i < len(s.moves); i++ {
+		if s.moves[i].to != s.moves[i-1].to {
+			reversals++
+		}
+	}
+	pr.ReversalsPerHour = float64(reversals) / hours
+	for _, m := range s.moves {
+		pr.DamagedRequests += m.residents
+	}
+	pr.TimeToAdaptS = timeToAdapt(rep.Changes, s.moves)
+	if s.c != nil {
+		res, err := audit.Audit(bytes.NewReader(s.logBuf.Bytes()), nil)
+		if err != nil {
+			return pr, fmt.Errorf("sim: auditing the %s decision log: %w", name, err)
+		}
+		pr.GuardViolations = len(res.Violations)
+	}
+	return pr, nil
+}
+
+// initialSplit is a replay's split at its start.
+func initialSplit(s *run) (p, d int) {
+	for _, e := range s.cfg.Engines {
+		if e.Role == fleet.Prefill.String() {
+			p++
+		} else {
+			d++
+		}
+	}
+	return p, d
+}
+
+// timeToAdapt is the median lag from each change of the workload's mix to the first role
+// change after it in the direction that answers it (nil without changes or answers).
+func timeToAdapt(changes []Change, moves []roleChange) *float64 {
+	var lags []float64
+	for k, c := range changes {
+		until := math.Inf(1)
+		if k+1 < len(changes) {
+			until = changes[k+1].AtS
+		}
+		want := fleet.Prefill
+		if c.Direction == "to_decode" {
+			want = fleet.Decode
+		}
+		for _, m := range moves {
+			t := m.at.Sub(Epoch).Seconds()
+			if t >= c.AtS && t < until && m.to == want {
+				lags = append(lags, t-c.AtS)
+				break
+			}
+		}
+	}
+	if len(lags) == 0 {
+		return nil
+	}
+	sort.Float64s(lags)
+	v := lags[len(lags)/2]
+	return &v
+}
+
+func percentiles(xs []float64) Percentiles {
+	if len(xs) == 0 {
+		return Percentiles{}
+	}
+	sort.Float64s(xs)
+	at := func(q float64) *float64 {
+		v := xs[min(len(xs)-1, int(q*float64(len(xs))))]
+		return &v
+	}
+	return Percentiles{P50: at(0.5), P90: at(0.9), P99: at(0.99)}
+}
+
+// WriteDecisions writes the decision logs of the replays that have one (the narwhal policy),
+// every line with its "policy".
+func (rep *Report) WriteDecisions(w io.Writer) error {
+	bw := bufio.NewWriter(w)
+	for _, p := range rep.Policies {
+		s := rep.runs[p.Policy]
+		if s == nil || s.c == nil {
+			continue
+		}
+		sc := bufio.NewScanner(bytes.NewReader(rep.logs[p.Policy]))
+		sc.Buffer(make([]byte, 1<<20), 64<<20)
+		for sc.Scan() {
+			line := sc.Bytes()
+			if len(line) < 2 || line[0] != '{' {
+				continue
+			}
+			fmt.Fprintf(bw, "{\"policy\":%q,%s\n", p.Policy, line[1:])
+		}
+		if err := sc.Err(); err != nil {
+			return err
+		}
+	}
+	return bw.Flush()
+}

@@ -1,0 +1,287 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/narwhal-llm/narwhal/audit"
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/router"
+)
+
+// fleetConfig is the default config with n engines of the default profile, the first p prefill.
+func fleetConfig(t *testing.T, n, p int) *config.Config {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Engines = nil
+	for i := 0; i < n; i++ {
+		role := config.RoleDecode
+		if i < p {
+			role = config.RolePrefill
+		}
+		cfg.Engines = append(cfg.Engines, config.Engine{ID: fmt.Sprintf("e%d", i+1), Address: fmt.Sprintf("127.0.0.1:%d", 9001+i), Role: role, Profile: config.DefaultProfileName})
+	}
+	return cfg
+}
+
+func synthetic(t *testing.T, s Synthetic) ([]Request, []Change) {
+	t.Helper()
+	reqs, changes, err := s.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reqs, changes
+}
+
+func simulate(t *testing.T, cfg *config.Config, reqs []Request, policies string, changes []Change) *Report {
+	t.Helper()
+	ps, err := ParsePolicies(policies, len(cfg.Engines))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Simulate(cfg, reqs, Options{Policies: ps, Seed: 7, Changes: changes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+func policy(t *testing.T, rep *Report, name string) PolicyReport {
+	t.Helper()
+	for _, p := range rep.Policies {
+		if p.Policy == name {
+			return p
+		}
+	}
+	t.Fatalf("no policy %s in the report", name)
+	return PolicyReport{}
+}
+
+// reportBytes is the report's JSON with wall_s zeroed, and the decision log.
+func reportBytes(t *testing.T, rep *Report) []byte {
+	t.Helper()
+	for i := range rep.Policies {
+		rep.Policies[i].WallS = 0
+	}
+	var b bytes.Buffer
+	if err := json.NewEncoder(&b).Encode(rep); err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.WriteDecisions(&b); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// Same inputs and seed give the same bytes, though the replays run in parallel.
+func TestSameInputsSameBytes(t *testing.T) {
+	reqs, changes := synthetic(t, Synthetic{Kind: "phases", RatePerS: 20, DurationS: 150, PhaseS: 50, Seed: 3})
+	cfg := fleetConfig(t, 4, 2)
+	a := reportBytes(t, simulate(t, cfg, reqs, "narwhal,threshold,static:best,oracle:window", changes))
+	b := reportBytes(t, simulate(t, cfg, reqs, "narwhal,threshold,static:best,oracle:window", changes))
+	if !bytes.Equal(a, b) {
+		t.Fatalf("two runs differ:\n%s\n---\n%s", a, b)
+	}
+	if !bytes.Contains(a, []byte(`"policy":"narwhal","kind":"decision"`)) {
+		t.Fatalf("the decision log has no narwhal decision:\n%.2000s", a)
+	}
+}
+
+// static:P holds P prefill engines all along; static holds the config's split.
+func TestStaticPoliciesHoldTheirSplit(t *testing.T) {
+	reqs, _ := synthetic(t, Synthetic{Kind: "step", RatePerS: 10, DurationS: 180, StepAtS: 60, StepLenS: 60, Seed: 1})
+	cfg := fleetConfig(t, 4, 2)
+	rep := simulate(t, cfg, reqs, "static,static:1,static:3", nil)
+	for name, want := range map[string]int{"static": 2, "static:1": 1, "static:3": 3} {
+		p := policy(t, rep, name)
+		if p.RoleChanges != 0 || p.Completed == 0 {
+			t.Errorf("%s: %d role changes, %d completed", name, p.RoleChanges, p.Completed)
+		}
+		for _, w := range p.Windows {
+			if w.Prefill != want || w.Decode != 4-want {
+				t.Errorf("%s: window at %v s has split %d/%d, want %d/%d", name, w.StartS, w.Prefill, w.Decode, want, 4-want)
+			}
+		}
+	}
+}
+
+// static:best is the best static split; oracle:window is at least as good, window by window.
+func TestStaticBestAndOracle(t *testing.T) {
+	reqs, _ := synthetic(t, Synthetic{Kind: "phases", RatePerS: 30, DurationS: 240, PhaseS: 80, Seed: 2})
+	cfg := fleetConfig(t, 4, 2)
+	rep := simulate(t, cfg, reqs, "static:1,static:2,static:3,static:best,oracle:window", nil)
+	best := policy(t, rep, "static:best")
+	for _, name := range []string{"static:1", "static:2", "static:3"} {
+		if p := policy(t, rep, name); p.SLOAttainment > best.SLOAttainment {
+			t.Errorf("%s attains %.3f, above static:best's %.3f", name, p.SLOAttainment, best.SLOAttainment)
+		}
+	}
+	if best.Split == "" || policy(t, rep, best.Split).SLOAttainment != best.SLOAttainment {
+		t.Errorf("static:best names split %q with attainment %.3f", best.Split, best.SLOAttainment)
+	}
+	oracle := policy(t, rep, "oracle:window")
+	if oracle.SLOAttainment < best.SLOAttainment {
+		t.Errorf("oracle:window %.3f below static:best %.3f", oracle.SLOAttainment, best.SLOAttainment)
+	}
+	for w := range oracle.Windows {
+		for _, name := range []string{"static:1", "static:2", "static:3"} {
+			if p := policy(t, rep, name); p.Windows[w].Met > oracle.Windows[w].Met {
+				t.Errorf("window %d: %s met %d, oracle %d", w, name, p.Windows[w].Met, oracle.Windows[w].Met)
+			}
+		}
+	}
+}
+
+// The narwhal policy runs the real controller: a mix moving decode-heavy → prefill-heavy →
+// decode-heavy makes it move engines, its log audits clean, and time to adapt is measured.
+func TestNarwhalPolicyMovesAndAuditsClean(t *testing.T) {
+	reqs, changes := synthetic(t, Synthetic{Kind: "phases", RatePerS: 30, DurationS: 600, PhaseS: 200, Seed: 4})
+	cfg := fleetConfig(t, 4, 2)
+	rep := simulate(t, cfg, reqs, "narwhal", changes)
+	p := policy(t, rep, "narwhal")
+	if p.RoleChanges == 0 {
+		t.Fatalf("no role change over a moving mix: %+v", p)
+	}
+	if p.GuardViolations != 0 {
+		t.Fatalf("%d guard violations", p.GuardViolations)
+	}
+	var log bytes.Buffer
+	if err := rep.WriteDecisions(&log); err != nil {
+		t.Fatal(err)
+	}
+	res, err := audit.Audit(&log, nil)
+	if err != nil || len(res.Violations) > 0 || res.RoleChanges != p.RoleChanges {
+		t.Fatalf("audit: %v %+v (report: %d role changes)", err, res, p.RoleChanges)
+	}
+	if p.TimeToAdaptS == nil {
+		t.Errorf("no time to adapt measured over %d mix changes", len(changes))
+	}
+}
+
+// The threshold planner moves an engine into a pool all of whose engines project a miss: a
+// prefill-heavy load on one prefill engine.
+func TestThresholdPlannerExpandsAMissingPool(t *testing.T) {
+	reqs, _ := synthetic(t, Synthetic{Kind: "phases", RatePerS: 12, DurationS: 240, PhaseS: 400, Seed: 5})
+	for i := range reqs { // every request prefill-heavy
+		reqs[i].InputTokens, reqs[i].OutputTokens = 6000, 20
+	}
+	cfg := fleetConfig(t, 4, 1)
+	rep := simulate(t, cfg, reqs, "threshold,static", nil)
+	th, st := policy(t, rep, "threshold"), policy(t, rep, "static")
+	if th.RoleChanges == 0 {
+		t.Fatalf("the planner moved nothing: %+v", th)
+	}
+	if last := th.Windows[len(th.Windows)-1]; last.Prefill < 2 {
+		t.Errorf("split at the end %d/%d, want more prefill engines", last.Prefill, last.Decode)
+	}
+	if th.SLOAttainment <= st.SLOAttainment {
+		t.Errorf("threshold %.3f does not beat the static 1/3 split's %.3f on a prefill-heavy load", th.SLOAttainment, st.SLOAttainment)
+	}
+}
+
+// A fault schedule that fails every prefill engine: placement falls back to aggregate on a
+// decode engine, and disaggregation resumes once they recover and the health probes readmit
+// them. Requests on the failed engines fail; none is lost.
+func TestFaultsEmptyThePrefillPool(t *testing.T) {
+	reqs, _ := synthetic(t, Synthetic{Kind: "step", RatePerS: 8, DurationS: 180, StepAtS: 1000, Seed: 6})
+	cfg := fleetConfig(t, 4, 2)
+	cfg.Sim.Faults = []config.Fault{{AtS: 40, Engine: "e1", Kind: "fail"}, {AtS: 40, Engine: "e2", Kind: "fail"},
+		{AtS: 100, Engine: "e1", Kind: "recover"}, {AtS: 100, Engine: "e2", Kind: "recover"}}
+	p, _ := ParsePolicies("static", 4)
+	s, err := newRun(cfg, p[0], reqs, 1, Epoch.Add(config.Seconds(180)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.loop(nil); err != nil {
+		t.Fatal(err)
+	}
+	var before, during, after, aggregate, failed, unaccounted int
+	for i, o := range s.out {
+		at := reqs[i].ArrivalS
+		switch {
+		case o.failed:
+			failed++
+			continue
+		case o.rejected:
+			continue
+		case o.done.IsZero():
+			unaccounted++
+			continue
+		}
+		switch {
+		case at < 39 && o.kind == router.Disaggregated:
+			before++
+		case at > 50 && at < 95 && o.kind == router.Aggregate:
+			during++
+		case at > 130 && o.kind == router.Disaggregated:
+			after++
+		}
+		if o.kind == router.Aggregate {
+			aggregate++
+		}
+	}
+	if unaccounted > 0 {
+		t.Fatalf("%d requests neither finished, failed nor rejected", unaccounted)
+	}
+	if before == 0 || during == 0 || after == 0 {
+		t.Fatalf("disaggregated before %d, aggregate during the outage %d, disaggregated after %d (aggregate in all %d, failed %d)", before, during, after, aggregate, failed)
+	}
+	var log strings.Builder
+	log.Write(s.logBuf.Bytes())
+	if !strings.Contains(log.String(), `"to":"failed"`) || !strings.Contains(log.String(), `"to":"active"`) {
+		t.Errorf("the fleet log lacks the failure or the recovery:\n%.3000s", log.String())
+	}
+}
+
+// Bad policies and workloads are clear errors.
+func TestBadPoliciesAndWorkloads(t *testing.T) {
+	for _, bad := range []string{"", "static:0", "static:4", "static:x", "oracle", "narwhal,narwhal"} {
+		if _, err := ParsePolicies(bad, 4); err == nil {
+			t.Errorf("accepted policy list %q", bad)
+		}
+	}
+	if _, _, err := (Synthetic{Kind: "sawtooth"}).Generate(); err == nil || !strings.Contains(err.Error(), "onoff") {
+		t.Errorf("unknown kind: %v", err)
+	}
+	if _, _, err := (Synthetic{Kind: "onoff", RatePerS: -1}).Generate(); err == nil {
+		t.Error("accepted a negative rate")
+	}
+	if _, err := Simulate(fleetConfig(t, 4, 2), nil, Options{Policies: []Policy{{Name: "static", Kind: PolicyStatic, Prefill: -1}}}); err == nil {
+		t.Error("accepted an empty trace")
+	}
+}
+
+// Every synthetic kind draws a seeded, arrival-ordered workload of its shape.
+func TestSyntheticKinds(t *testing.T) {
+	for _, kind := range SyntheticKinds {
+		a, _ := synthetic(t, Synthetic{Kind: kind, Seed: 9, DurationS: 1200})
+		b, _ := synthetic(t, Synthetic{Kind: kind, Seed: 9, DurationS: 1200})
+		if len(a) == 0 || len(a) != len(b) || a[len(a)/2].ArrivalS != b[len(b)/2].ArrivalS || a[len(a)/2].InputTokens != b[len(b)/2].InputTokens {
+			t.Fatalf("%s: not seeded: %d and %d requests", kind, len(a), len(b))
+		}
+		for i := 1; i < len(a); i++ {
+			if a[i].ArrivalS < a[i-1].ArrivalS {
+				t.Fatalf("%s: arrivals out of order at %d", kind, i)
+			}
+		}
+	}
+	on, _ := synthetic(t, Synthetic{Kind: "onoff", Seed: 1, DurationS: 240, OnS: 60, OffS: 60, RatePerS: 10, Factor: 2})
+	for _, q := range on {
+		if phase := int(q.ArrivalS) % 120; phase >= 60 {
+			t.Fatalf("onoff: an arrival at %v s, in a silence", q.ArrivalS)
+		}
+	}
+	storm, changes := synthetic(t, Synthetic{Kind: "longprompt", Seed: 1, DurationS: 1200})
+	long := 0
+	for _, q := range storm {
+		if q.InputTokens >= 8192 {
+			long++
+		}
+	}
+	if long == 0 || len(changes) != 4 {
+		t.Fatalf("longprompt: %d long prompts, %d changes", long, len(changes))
+	}
+}
