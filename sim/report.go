@@ -91,13 +91,13 @@ type Percentiles struct {
 // Window is one time window of a policy's replay: requests arriving in it, those of them that
 // met the SLO, their TTFT p99, and the split at its end.
 type Window struct {
-	StartS   float64  `json:"start_s"`
-	Offered  int      `json:"offered"`
-	Met      int      `json:"met"`
-	TTFTP99  *float64 `json:"ttft_p99_s"`
-	Prefill  int      `json:"prefill"`
-	Decode   int      `json:"decode"`
-	Changes  int      `json:"role_changes"`
+	StartS  float64  `json:"start_s"`
+	Offered int      `json:"offered"`
+	Met     int      `json:"met"`
+	TTFTP99 *float64 `json:"ttft_p99_s"`
+	Prefill int      `json:"prefill"`
+	Decode  int      `json:"decode"`
+	Changes int      `json:"role_changes"`
 }
 
 // Simulate replays reqs under each policy of o and reports them side by side.

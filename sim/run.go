@@ -568,4 +568,3 @@ func (e *event) less(o *event) bool {
 	}
 	return e.seq < o.seq
 }
-
