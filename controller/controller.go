@@ -259,6 +259,12 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 	d.Confirmations = &conf
 	n := th.ConfirmPasses
 
+	// Consolidation serves a pool that needs the capacity: while the current split's worst is
+	// at or under shrink, every projection is comfortably within the SLO and there is nothing
+	// to consolidate for (docs/role-control.md section 5). Without this, a fleet between bursts
+	// traded engines for gains of a few milliseconds on ratios far under the SLO, and met the
+	// next burst with a lopsided split (narwhal sim --synthetic onoff).
+	consolidate := p0.Worst > th.Shrink
 	var best *candidate
 	var motives []string
 	for i := range cands {
@@ -269,9 +275,9 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 		improves := cand.price.Worst < p0.Worst-th.MinGain
 		var motivated bool
 		if dir == ToPrefill {
-			motivated = conf.PrefillExpand >= n || conf.PrefillConsolidate >= n && improves
+			motivated = conf.PrefillExpand >= n || consolidate && conf.PrefillConsolidate >= n && improves
 		} else {
-			motivated = conf.DecodeExpand >= n || conf.DecodeConsolidate >= n && improves
+			motivated = conf.DecodeExpand >= n || consolidate && conf.DecodeConsolidate >= n && improves
 		}
 		if motivated {
 			motives = append(motives, dir)

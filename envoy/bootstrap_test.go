@@ -151,7 +151,7 @@ func TestExamplesValidate(t *testing.T) {
 			for _, p := range envoy.ValidateBootstrap(data, nil) {
 				t.Errorf("%s (no Narwhal config): line %d: %s", rel, p.Line, p)
 			}
-		case rel == "narwhal-compose.yaml":
+		case rel == "narwhal-compose.yaml", strings.HasPrefix(rel, "sim/"): // Narwhal configs
 			if _, err := config.Load(data); err != nil {
 				t.Errorf("%s: %v", rel, err)
 			}

@@ -97,9 +97,10 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 		}
 	}
 	d := r.demand.estimate(t).Priced
-	meanPrompt := ProbePromptTokens
+	meanPrompt, meanOutput := ProbePromptTokens, 0.0
 	if d.ArrivalsPerS > 0 {
 		meanPrompt = max(1, int(d.PromptTokensPerS/d.ArrivalsPerS))
+		meanOutput = d.OutputTokensPerS / d.ArrivalsPerS
 	}
 	probeAt := t + q.StepS
 	ps = make([]Pricing, len(ss))
@@ -117,6 +118,17 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 			}
 			if frac := expected - float64(j); frac > 0 {
 				sp.prefill.schedule(max(1, int(frac*float64(meanPrompt))), t+float64(j)*gap)
+			}
+			// Their streams on the decode pool at the horizon, as the waiting set's are
+			// counted: by Little's law λ × a stream's life (the mean output at the pool's
+			// step), at most the requests injected. Without them pricing saw the demand's
+			// prefill work but not the decode work it becomes, and in a silence after a
+			// burst every decode→prefill move looked like a gain.
+			if life := meanOutput * sp.step; !math.IsInf(life, 1) {
+				need := int64(meanPrompt) + int64(math.Ceil(meanOutput))
+				for n := int(math.Round(min(expected, d.ArrivalsPerS*life))); n > 0; n-- {
+					sp.decode.place(need)
+				}
 			}
 		}
 		probe := sp.prefill.schedule(meanPrompt, probeAt) + sp.handoff - probeAt
@@ -163,7 +175,7 @@ func (p *pricing) load(r *Router, t float64, splits []Split) []splitSched {
 			sp.decode.add(e.prof.Decode, e.corr[1], e.streams, e.kv, i)
 			step = min(step, e.stepSeconds(e.streams+1, e.kv))
 		}
-		sp.handoff = kv + step
+		sp.handoff, sp.step = kv+step, step
 	}
 	return ss
 }
@@ -232,8 +244,8 @@ type pricing struct{ splits []splitSched }
 // splitSched prices one split of a query: its pools, its schedulers and what the walk of the
 // waiting set found.
 type splitSched struct {
-	pool, dec              []int // engine indices
-	handoff                float64
+	pool, dec              []int   // engine indices
+	handoff, step          float64 // step: one decode step on the fastest decode engine
 	prefill                prefillSched
 	decode                 decodeSched
 	worstTTFT, requestTTFT float64

@@ -101,3 +101,32 @@ func TestTimeRoundTripReachesTheDeadline(t *testing.T) {
 		}
 	}
 }
+
+// The priced demand's requests bring their streams to the decode pool, as waiting requests do:
+// in a silence after a burst (no resident, nothing waiting) the decode pool still prices the
+// demand of the next step. Before, its tpot_ratio was 0 while its prefill work was priced, and
+// every decode→prefill move looked like a gain (narwhal sim --synthetic onoff drifted to 7
+// prefill engines and 1 decode engine in each silence).
+func TestPriceCountsTheDemandsDecodeStreams(t *testing.T) {
+	r := testRouter(t, config.Default(), "p1 prefill", "p2 prefill", "d1 decode", "d2 decode")
+	for k := 0; k < 200; k++ { // 20 requests/s of 1,000-token prompts and 200-token answers
+		now := at(float64(k) * 0.05)
+		o := r.Offer(now, Offer{ID: "r", PromptTokens: 1000, MaxTokens: 200})
+		if o.Status != Dispatched {
+			t.Fatalf("offer %d: %+v", k, o)
+		}
+		_ = r.FirstToken(now, o.Handle)
+		_ = r.Complete(now, o.Handle, 200)
+	}
+	now := at(12)
+	if s := r.Snapshot(now); s.Retained.Waiting != 0 || s.Engines[2].DecodeResidents+s.Engines[3].DecodeResidents != 0 {
+		t.Fatalf("want an idle fleet: %+v", s.Retained)
+	}
+	ps, _ := r.Price(now, Query{Splits: []Split{r.CurrentSplit(), {Prefill: []string{"p1", "p2", "d1"}, Decode: []string{"d2"}}}, StepS: 5})
+	if ps[0].TPOTRatio <= 0 {
+		t.Fatalf("the decode pool prices nothing of the demand: %+v", ps[0])
+	}
+	if ps[1].TPOTRatio <= ps[0].TPOTRatio {
+		t.Errorf("one decode engine carries the demand's streams no slower than two: %v <= %v", ps[1].TPOTRatio, ps[0].TPOTRatio)
+	}
+}
