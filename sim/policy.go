@@ -137,7 +137,14 @@ func (p *planner) evaluate(now time.Time, r *router.Router, fl fleet.Snapshot, e
 		meanPrompt = d.PromptTokensPerS / d.ArrivalsPerS
 	}
 	// Each engine's load against its SLO: a prefill engine's projected TTFT for a request of
-	// the mean prompt arriving now; a decode engine's step time with its residents now.
+	// the mean prompt arriving now, behind its dispatched work and its share of the waiting
+	// set; a decode engine's step time with its residents now.
+	prefillEngines := 0
+	for _, e := range fl.Engines {
+		if e.Live() && e.Role == fleet.Prefill {
+			prefillEngines++
+		}
+	}
 	var pre, dec []float64
 	var preIDs, decIDs []string
 	byID := map[string]*simEngine{}
@@ -154,7 +161,9 @@ func (p *planner) evaluate(now time.Time, r *router.Router, fl fleet.Snapshot, e
 			if prof.Prefill == nil {
 				continue
 			}
-			ttft := loads[e.ID].BusyUntilS + prof.Prefill.Seconds(int(meanPrompt)) + prof.KVTransferS
+			one := prof.Prefill.Seconds(int(meanPrompt))
+			share := float64(snap.Retained.Waiting) * one / float64(max(prefillEngines, 1))
+			ttft := loads[e.ID].BusyUntilS + share + one + prof.KVTransferS
 			pre, preIDs = append(pre, ttft/p.cfg.SLO.TTFTS), append(preIDs, e.ID)
 		case fleet.Decode:
 			if prof.Decode == nil {

@@ -395,3 +395,92 @@ func (rep *Report) WriteDecisions(w io.Writer) error {
 	}
 	return bw.Flush()
 }
+
+// SweepRow is one rate scale of a sweep: each policy's attainment there.
+type SweepRow struct {
+	RateScale  float64            `json:"rate_scale"`
+	RatePerS   float64            `json:"rate_per_s"`
+	Attainment map[string]float64 `json:"slo_attainment"`
+}
+
+// Sweep is a rate sweep: the attainment of every policy at each rate scale, and each policy's
+// goodput — the largest rate (requests/s, and per engine) at which its attainment stays at or
+// above GoodputAttainment.
+type Sweep struct {
+	Rows      []SweepRow         `json:"rows"`
+	Goodput   map[string]float64 `json:"goodput_rps"`
+	PerEngine map[string]float64 `json:"goodput_rps_per_engine"`
+}
+
+// GoodputAttainment is the attainment goodput is measured at.
+const GoodputAttainment = 0.9
+
+// RunSweep replays reqs (their arrivals divided by each scale) under o's policies at every
+// scale, in order.
+func RunSweep(cfg *config.Config, reqs []Request, o Options, scales []float64) (*Sweep, error) {
+	sw := &Sweep{Goodput: map[string]float64{}, PerEngine: map[string]float64{}}
+	for _, k := range scales {
+		scaled := make([]Request, len(reqs))
+		for i, q := range reqs {
+			q.ArrivalS /= k
+			scaled[i] = q
+		}
+		oo := o
+		oo.DurationS = 0
+		oo.Changes = nil
+		rep, err := Simulate(cfg, scaled, oo)
+		if err != nil {
+			return nil, err
+		}
+		row := SweepRow{RateScale: k, RatePerS: float64(rep.Requests) / math.Max(rep.SpanS, 1), Attainment: map[string]float64{}}
+		for _, p := range rep.Policies {
+			row.Attainment[p.Policy] = p.SLOAttainment
+			if p.SLOAttainment >= GoodputAttainment && row.RatePerS > sw.Goodput[p.Policy] {
+				sw.Goodput[p.Policy] = row.RatePerS
+				sw.PerEngine[p.Policy] = row.RatePerS / float64(len(cfg.Engines))
+			}
+		}
+		sw.Rows = append(sw.Rows, row)
+	}
+	return sw, nil
+}
+
+// WriteTable prints a sweep as a text table: one row per rate scale, one column per policy,
+// then each policy's goodput.
+func (sw *Sweep) WriteTable(w io.Writer, policies []Policy) {
+	fmt.Fprintf(w, "%-10s %-10s", "rate_scale", "req/s")
+	for _, p := range policies {
+		fmt.Fprintf(w, " %14s", p.Name)
+	}
+	fmt.Fprintln(w)
+	for _, r := range sw.Rows {
+		fmt.Fprintf(w, "%-10g %-10.1f", r.RateScale, r.RatePerS)
+		for _, p := range policies {
+			fmt.Fprintf(w, " %14.3f", r.Attainment[p.Name])
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "%-21s", "goodput req/s")
+	for _, p := range policies {
+		fmt.Fprintf(w, " %14.1f", sw.Goodput[p.Name])
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "%-21s", "goodput/engine")
+	for _, p := range policies {
+		fmt.Fprintf(w, " %14.2f", sw.PerEngine[p.Name])
+	}
+	fmt.Fprintln(w)
+}
+
+// ParseSweep reads A:B:STEP into the scales A, A+STEP, …, B.
+func ParseSweep(s string) ([]float64, error) {
+	var a, b, step float64
+	if _, err := fmt.Sscanf(s, "%g:%g:%g", &a, &b, &step); err != nil || a <= 0 || b < a || step <= 0 || (b-a)/step > 1000 {
+		return nil, fmt.Errorf("--sweep-rate %q: want A:B:STEP with 0 < A <= B and at most 1,000 steps", s)
+	}
+	var out []float64
+	for k := 0; a+float64(k)*step <= b*(1+1e-9); k++ {
+		out = append(out, math.Round((a+float64(k)*step)*1e6)/1e6)
+	}
+	return out, nil
+}

@@ -17,6 +17,7 @@ import (
 func newSim(stdout, stderr io.Writer) *cobra.Command {
 	var (
 		cfgPath, tracePath, policies, reportPath, decisionsPath string
+		sweepSpec, plotPath                                     string
 		durationS, rateScale, windowS                           float64
 		seed                                                    int64
 		parallel                                                int
@@ -52,6 +53,24 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 				name = "synthetic:" + syn.Kind
 			} else if reqs, err = sim.LoadTrace(tracePath, 0); err != nil {
 				return failureErr(err)
+			}
+			if sweepSpec != "" {
+				scales, err := sim.ParseSweep(sweepSpec)
+				if err != nil {
+					return usageErr(err)
+				}
+				sw, err := sim.RunSweep(cfg, reqs, sim.Options{Policies: ps, Seed: seed, WindowS: windowS, Parallel: parallel, Trace: name}, scales)
+				if err != nil {
+					return failureErr(err)
+				}
+				sw.WriteTable(stdout, ps)
+				if reportPath != "" {
+					b, _ := json.MarshalIndent(sw, "", "  ")
+					if err := os.WriteFile(reportPath, append(b, '\n'), 0o644); err != nil {
+						return failureErr(err)
+					}
+				}
+				return nil
 			}
 			for i := range reqs {
 				reqs[i].ArrivalS /= rateScale
@@ -89,6 +108,16 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 			if err := enc.Encode(rep); err != nil {
 				return failureErr(err)
 			}
+			if plotPath != "" {
+				f, err := os.Create(plotPath)
+				if err != nil {
+					return failureErr(err)
+				}
+				rep.WritePlot(f)
+				if err := f.Close(); err != nil {
+					return failureErr(err)
+				}
+			}
 			if decisionsPath != "" {
 				f, err := os.Create(decisionsPath)
 				if err != nil {
@@ -111,6 +140,8 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 	f.StringVar(&policies, "policy", "narwhal", "policies, comma-separated: narwhal, static, static:P, static:best, threshold, oracle:window")
 	f.StringVar(&reportPath, "report", "", "write the JSON report here (default: stdout)")
 	f.StringVar(&decisionsPath, "decisions", "", "write every decision record here, as JSON lines with a \"policy\" field")
+	f.StringVar(&plotPath, "plot", "", "write an SVG here: offered rate, TTFT p99 against the SLO and the split over time, a row per policy")
+	f.StringVar(&sweepSpec, "sweep-rate", "", "A:B:STEP: replay at each rate scale from A to B and print each policy's attainment and goodput (the largest rate at 90% attainment)")
 	f.Float64Var(&durationS, "duration-s", 0, "replay the first N seconds of the trace (after --rate-scale; 0: all)")
 	f.Float64Var(&rateScale, "rate-scale", 1, "compress the trace's time by this factor (2: twice the rate)")
 	f.Float64Var(&windowS, "window-s", 60, "the width of the report's windows and of oracle:window's, seconds")
