@@ -7,7 +7,7 @@ LDFLAGS     := -s -w -X main.version=$(VERSION)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 TEST_FLAGS  ?= -race -count=1 -timeout=30m
 
-.PHONY: all build run test lint fmt vet staticcheck bench fuzz check-long clean
+.PHONY: all build run test lint fmt vet staticcheck bench bench-sim fuzz check-long clean
 
 all: build
 
@@ -52,6 +52,11 @@ check-long:
 	$(GO) test -race -count=1 -run='^TestConservationProperty$$' ./router -rapid.checks=10000
 	$(GO) test -race -count=1 -run='^TestStreamsProperty$$' ./extproc -rapid.checks=10000
 	$(GO) test -race -count=1 -run='^TestAuditedProperty$$' ./controller -rapid.checks=10000
+
+# The simulator's results section of docs/benchmarks.md and its plots (docs/sim/*.svg): every
+# shared trace and synthetic kind on 8 engines, every policy side by side (about 15 minutes).
+bench-sim:
+	$(GO) run ./scripts/benchsim -root .
 
 clean:
 	rm -rf $(BIN)

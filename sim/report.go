@@ -416,10 +416,20 @@ type Sweep struct {
 const GoodputAttainment = 0.9
 
 // RunSweep replays reqs (their arrivals divided by each scale) under o's policies at every
-// scale, in order.
+// scale, in order, and stops early once every policy's attainment is under half of
+// GoodputAttainment (heavier rates have nothing left to find).
 func RunSweep(cfg *config.Config, reqs []Request, o Options, scales []float64) (*Sweep, error) {
 	sw := &Sweep{Goodput: map[string]float64{}, PerEngine: map[string]float64{}}
 	for _, k := range scales {
+		if n := len(sw.Rows); n > 0 {
+			done := true
+			for _, a := range sw.Rows[n-1].Attainment {
+				done = done && a < GoodputAttainment/2
+			}
+			if done {
+				break
+			}
+		}
 		scaled := make([]Request, len(reqs))
 		for i, q := range reqs {
 			q.ArrivalS /= k

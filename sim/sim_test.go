@@ -3,7 +3,9 @@ package sim
 import (
 	"bytes"
 	"encoding/json"
+	"encoding/xml"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 
@@ -283,5 +285,65 @@ func TestSyntheticKinds(t *testing.T) {
 	}
 	if long == 0 || len(changes) != 4 {
 		t.Fatalf("longprompt: %d long prompts, %d changes", long, len(changes))
+	}
+}
+
+// A rate sweep finds each policy's goodput: the largest rate at 90% attainment, where a
+// heavier rate falls under it.
+func TestSweepFindsGoodput(t *testing.T) {
+	if _, err := ParseSweep("2:1:1"); err == nil {
+		t.Error("accepted a sweep that goes down")
+	}
+	scales, err := ParseSweep("1:9:4")
+	if err != nil || len(scales) != 3 || scales[2] != 9 {
+		t.Fatalf("scales %v, %v", scales, err)
+	}
+	reqs, _ := synthetic(t, Synthetic{Kind: "step", RatePerS: 8, DurationS: 120, StepAtS: 1000, Seed: 8})
+	cfg := fleetConfig(t, 2, 1)
+	ps, _ := ParsePolicies("static", 2)
+	sw, err := RunSweep(cfg, reqs, Options{Policies: ps, Seed: 1}, scales)
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := sw.Rows[len(sw.Rows)-1]
+	first, last := sw.Rows[0].Attainment["static"], top.Attainment["static"]
+	if first < GoodputAttainment || last >= GoodputAttainment {
+		t.Fatalf("attainment %.3f at ×1 and %.3f at ×%g: the sweep does not bracket goodput", first, last, top.RateScale)
+	}
+	if g := sw.Goodput["static"]; g < sw.Rows[0].RatePerS || g >= top.RatePerS || sw.PerEngine["static"] != g/2 {
+		t.Fatalf("goodput %v (per engine %v) outside the bracket %v–%v", g, sw.PerEngine["static"], sw.Rows[0].RatePerS, top.RatePerS)
+	}
+	var b bytes.Buffer
+	sw.WriteTable(&b, ps)
+	if !strings.Contains(b.String(), "goodput req/s") {
+		t.Fatalf("table:\n%s", b.String())
+	}
+}
+
+// The plot is one well-formed SVG with a row per policy and a mark per role change.
+func TestPlotIsWellFormed(t *testing.T) {
+	reqs, changes := synthetic(t, Synthetic{Kind: "phases", RatePerS: 30, DurationS: 600, PhaseS: 200, Seed: 4})
+	rep := simulate(t, fleetConfig(t, 4, 2), reqs, "narwhal,static", changes)
+	var b bytes.Buffer
+	rep.WritePlot(&b)
+	dec := xml.NewDecoder(&b)
+	rows, marks := 0, 0
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("not well-formed: %v", err)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "title" {
+			marks++
+		}
+		if cd, ok := tok.(xml.CharData); ok && strings.Contains(string(cd), "attainment") {
+			rows++
+		}
+	}
+	if rows != 2 || marks != policy(t, rep, "narwhal").RoleChanges || marks == 0 {
+		t.Fatalf("%d policy rows, %d role-change marks (narwhal made %d)", rows, marks, policy(t, rep, "narwhal").RoleChanges)
 	}
 }
