@@ -1,0 +1,109 @@
+package enginesim
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+)
+
+// modelEvents records a Model's first tokens and ends.
+type modelEvents struct {
+	first, done map[uint64]time.Time
+	generated   map[uint64]int
+}
+
+func (m *modelEvents) FirstToken(id uint64, at time.Time) { m.first[id] = at }
+func (m *modelEvents) Finished(id uint64, at time.Time, n int) {
+	m.done[id], m.generated[id] = at, n
+}
+
+// The simulator's engine is the server's engine: the same requests, sent together to a real
+// enginesim over HTTP and submitted together to a Model in virtual time, see TTFTs and mean
+// TPOTs within a few percent (the server adds loopback HTTP and timer lateness, about a
+// millisecond).
+func TestModelMatchesTheServer(t *testing.T) {
+	const (
+		n      = 12
+		prompt = 1000 // tokens: 4,000 bytes
+		output = 40
+	)
+	prof := config.DefaultProfile()
+	e := New(Options{Profile: prof, Model: "m"})
+	rec := &lockedRecorder{}
+	e.loop.setTracer(rec) // the engine's own arrival times: TTFT is counted from them
+	srv := httptest.NewServer(e)
+	defer srv.Close()
+	defer e.Close()
+	clients := make([]*http.Client, n)
+	for i := range clients {
+		tr := &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}
+		defer tr.CloseIdleConnections()
+		clients[i] = &http.Client{Transport: tr}
+		resp, err := clients[i].Get(srv.URL + "/health") // a warm connection each
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":%d,"stream":true}`, strings.Repeat("a", 4*prompt), output)
+	start := make(chan struct{})
+	results := make([]observed, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { results[i] = streamOnce(clients[i], srv.URL+"/v1/completions", body, start) })
+	}
+	close(start)
+	wg.Wait()
+	sort.Slice(results, func(i, j int) bool { return results[i].id < results[j].id }) // the engine's arrival order
+	rec.mu.Lock()
+	arrival := map[uint64]time.Time{}
+	for _, j := range rec.jobs {
+		arrival[j.id] = j.arrival
+	}
+	rec.mu.Unlock()
+	first := arrival[results[0].id]
+	for _, o := range results {
+		if o.err != nil || o.tokens != output || arrival[o.id].IsZero() {
+			t.Fatalf("request %d: %d tokens, %v", o.id, o.tokens, o.err)
+		}
+	}
+
+	ev := &modelEvents{first: map[uint64]time.Time{}, done: map[uint64]time.Time{}, generated: map[uint64]int{}}
+	m := NewModel(prof, 0, 1, ev)
+	epoch := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var next time.Time
+	busy := false
+	for i, o := range results { // each at its arrival, relative to the first
+		next, busy = m.Submit(epoch.Add(arrival[o.id].Sub(first)), uint64(i), prompt, output, false)
+	}
+	for busy {
+		next, busy = m.Advance(next)
+	}
+	var ttftErr, tpotErr float64
+	for i, o := range results {
+		vTTFT := ev.first[uint64(i)].Sub(epoch.Add(arrival[o.id].Sub(first))).Seconds()
+		vTPOT := ev.done[uint64(i)].Sub(ev.first[uint64(i)]).Seconds() / (output - 1)
+		rTTFT := o.first.Sub(arrival[o.id]).Seconds()
+		rTPOT := o.last.Sub(o.first).Seconds() / (output - 1)
+		if ev.generated[uint64(i)] != output {
+			t.Fatalf("model request %d generated %d tokens", i, ev.generated[uint64(i)])
+		}
+		ttftErr = max(ttftErr, math.Abs(rTTFT-vTTFT)/vTTFT)
+		tpotErr = max(tpotErr, math.Abs(rTPOT-vTPOT)/vTPOT)
+		t.Logf("request %d: TTFT %.1f ms server, %.1f ms model; TPOT %.2f ms server, %.2f ms model", i, rTTFT*1e3, vTTFT*1e3, rTPOT*1e3, vTPOT*1e3)
+	}
+	// A few percent, and a TTFT allowance for loopback HTTP and timer lateness under -race.
+	if ttftErr > 0.05+0.005/prof.Prefill.Seconds(prompt) || tpotErr > 0.05 {
+		t.Fatalf("largest relative errors: TTFT %.1f%%, TPOT %.1f%%", 100*ttftErr, 100*tpotErr)
+	}
+}
