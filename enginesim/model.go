@@ -25,19 +25,47 @@ type Observer interface {
 	Finished(id uint64, at time.Time, generated int)
 }
 
-// NewModel returns an idle engine timed by p, with the prefill noise of sigma seeded by seed.
-func NewModel(p config.Profile, sigma float64, seed int64, obs Observer) *Model {
-	m := &Model{s: newScheduler(p, sigma, seed), obs: obs}
+// ModelOptions configure a Model.
+type ModelOptions struct {
+	NoiseSigma float64 // the log-normal noise on prefill times (0: exact)
+	Seed       int64
+	// PrefixBlocks is the prefix cache's size in blocks of BlockTokens tokens (0: no cache):
+	// a prompt whose leading blocks are cached prefills only the rest.
+	PrefixBlocks, BlockTokens int
+}
+
+// NewModel returns an idle engine timed by p.
+func NewModel(p config.Profile, o ModelOptions, obs Observer) *Model {
+	m := &Model{s: newScheduler(p, o.NoiseSigma, o.Seed), obs: obs}
 	m.s.events = m
+	m.s.cache = newPrefixCache(o.PrefixBlocks, o.BlockTokens)
 	return m
 }
 
-// Submit queues a request of prompt tokens that will generate output tokens (≥ 1), arrived at
-// now; prefilled says its KV came from another engine (no local prefill). It returns when the
-// model next needs Advance (busy false: idle).
-func (m *Model) Submit(now time.Time, id uint64, prompt, output int, prefilled bool) (next time.Time, busy bool) {
-	j := &job{id: id, prompt: prompt, output: max(output, 1), prefilled: prefilled}
-	return m.s.submit(j, now)
+// Job is a request as a Model takes it.
+type Job struct {
+	ID     uint64 // the caller's
+	Prompt int    // prompt tokens
+	Output int    // output tokens to generate (at least 1)
+	// Prefilled says its KV came from another engine: no local prefill.
+	Prefilled bool
+	// Prefix holds the chained hashes of its prompt's prefix blocks, for the prefix cache.
+	Prefix []uint64
+}
+
+// Submit queues j, arrived at now. It returns when the model next needs Advance (busy false:
+// idle).
+func (m *Model) Submit(now time.Time, j Job) (next time.Time, busy bool) {
+	return m.s.submit(&job{id: j.ID, prompt: j.Prompt, output: max(j.Output, 1), prefilled: j.Prefilled, prefix: j.Prefix}, now)
+}
+
+// PrefixHits is what the prefix cache served: prompt tokens from the cache, of all prompt
+// tokens prefilled here.
+func (m *Model) PrefixHits() (cached, prompt uint64) {
+	if c := m.s.cache; c != nil {
+		return c.hitTokens, c.promptTokens
+	}
+	return 0, 0
 }
 
 // Advance completes the steps that end at or before now and starts the next ones.

@@ -79,12 +79,12 @@ func TestModelMatchesTheServer(t *testing.T) {
 	}
 
 	ev := &modelEvents{first: map[uint64]time.Time{}, done: map[uint64]time.Time{}, generated: map[uint64]int{}}
-	m := NewModel(prof, 0, 1, ev)
+	m := NewModel(prof, ModelOptions{Seed: 1}, ev)
 	epoch := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var next time.Time
 	busy := false
 	for i, o := range results { // each at its arrival, relative to the first
-		next, busy = m.Submit(epoch.Add(arrival[o.id].Sub(first)), uint64(i), prompt, output, false)
+		next, busy = m.Submit(epoch.Add(arrival[o.id].Sub(first)), Job{ID: uint64(i), Prompt: prompt, Output: output})
 	}
 	for busy {
 		next, busy = m.Advance(next)
@@ -105,5 +105,36 @@ func TestModelMatchesTheServer(t *testing.T) {
 	// A few percent, and a TTFT allowance for loopback HTTP and timer lateness under -race.
 	if ttftErr > 0.05+0.005/prof.Prefill.Seconds(prompt) || tpotErr > 0.05 {
 		t.Fatalf("largest relative errors: TTFT %.1f%%, TPOT %.1f%%", 100*ttftErr, 100*tpotErr)
+	}
+}
+
+// A prompt whose leading blocks the engine prefilled before prefills only the rest; the cache
+// counts what it served.
+func TestPrefixCacheShortensPrefill(t *testing.T) {
+	prof := config.DefaultProfile()
+	ev := &modelEvents{first: map[uint64]time.Time{}, done: map[uint64]time.Time{}, generated: map[uint64]int{}}
+	m := NewModel(prof, ModelOptions{PrefixBlocks: 16, BlockTokens: 1024}, ev)
+	epoch := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	run := func(at time.Time, id uint64, prefix []uint64) time.Duration {
+		next, busy := m.Submit(at, Job{ID: id, Prompt: 4096, Output: 1, Prefix: prefix})
+		for busy {
+			next, busy = m.Advance(next)
+		}
+		return ev.first[id].Sub(at)
+	}
+	cold := run(epoch, 1, []uint64{11, 12, 13, 14})
+	warm := run(epoch.Add(time.Second), 2, []uint64{11, 12, 13, 14})
+	half := run(epoch.Add(2*time.Second), 3, []uint64{11, 12, 99, 98})
+	if want := config.Seconds(prof.Prefill.Seconds(4096)); (cold - want).Abs() > time.Microsecond {
+		t.Fatalf("cold prefill %v, want %v", cold, want)
+	}
+	if want := config.Seconds(prof.Prefill.Seconds(1)); (warm - want).Abs() > time.Microsecond {
+		t.Fatalf("warm prefill %v, want %v (the whole prefix cached)", warm, want)
+	}
+	if want := config.Seconds(prof.Prefill.Seconds(2048)); (half - want).Abs() > time.Microsecond {
+		t.Fatalf("half-cached prefill %v, want %v", half, want)
+	}
+	if hit, prompt := m.PrefixHits(); hit != 4095+2048 || prompt != 3*4096 {
+		t.Fatalf("cache served %d of %d prompt tokens", hit, prompt)
 	}
 }

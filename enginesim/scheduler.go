@@ -28,10 +28,11 @@ func (s jobState) terminal() bool { return s >= jobFinished }
 // publishes progress to the handler goroutine without locks.
 type job struct {
 	id        uint64
-	prompt    int  // prompt tokens
-	output    int  // output tokens to generate
-	explicit  bool // output came from max_tokens/max_completion_tokens (finish "length"), not the draw ("stop")
-	prefilled bool // KV came from a remote prefiller: join the batch without a local prefill
+	prompt    int      // prompt tokens
+	output    int      // output tokens to generate
+	explicit  bool     // output came from max_tokens/max_completion_tokens (finish "length"), not the draw ("stop")
+	prefilled bool     // KV came from a remote prefiller: join the batch without a local prefill
+	prefix    []uint64 // chained hashes of the prompt's prefix blocks (the virtual-time Model's prefix cache)
 
 	state     jobState
 	generated int
@@ -153,7 +154,8 @@ type scheduler struct {
 	sigma      float64
 	noise      *rand.Rand
 	trace      tracer
-	events     jobEvents // nil in the HTTP engine
+	events     jobEvents    // nil in the HTTP engine
+	cache      *prefixCache // nil: no prefix cache (the HTTP engine)
 
 	queue      []*job // FIFO of jobs not yet admitted
 	prefilling *job   // the job of the current prefill step; nil if none or cancelled
@@ -275,7 +277,7 @@ func (s *scheduler) begin(prevEnd, now time.Time) bool {
 		h.state = jobPrefilling
 		h.publish()
 		s.prefilling = h
-		secs := s.prefill.Seconds(h.prompt)
+		secs := s.prefill.Seconds(h.prompt - s.cache.hit(h.prefix, h.prompt))
 		if s.sigma > 0 {
 			secs *= math.Exp(s.sigma * s.noise.NormFloat64())
 		}

@@ -77,8 +77,11 @@ type PolicyReport struct {
 	TimeToAdaptS       *float64    `json:"time_to_adapt_s"`
 	DamagedRequests    int         `json:"damaged_requests"`
 	GuardViolations    int         `json:"guard_violations"`
-	Windows            []Window    `json:"windows"`
-	WallS              float64     `json:"wall_s"`
+	// PrefixHitShare is the share of prefilled prompt tokens the engines' prefix caches
+	// served (null when no cache was modelled).
+	PrefixHitShare *float64 `json:"prefix_hit_share"`
+	Windows        []Window `json:"windows"`
+	WallS          float64  `json:"wall_s"`
 }
 
 // Percentiles of a distribution, seconds (null without samples).
@@ -119,10 +122,13 @@ func Simulate(cfg *config.Config, reqs []Request, o Options) (*Report, error) {
 	end := Epoch.Add(config.Seconds(span))
 	rep := &Report{Trace: o.Trace, Requests: len(reqs), SpanS: span, Engines: len(cfg.Engines), Seed: o.Seed, SLO: cfg.SLO,
 		WindowS: o.WindowS, Changes: o.Changes, runs: map[string]*run{}, logs: map[string][]byte{}, policyFor: map[string]Policy{}}
-	if !slices.ContainsFunc(reqs, func(q Request) bool { return len(q.PrefixBlocks) > 0 }) {
+	switch bt := prefixBlockTokens(cfg); {
+	case !slices.ContainsFunc(reqs, func(q Request) bool { return len(q.PrefixBlocks) > 0 }):
 		rep.Notes = append(rep.Notes, "the trace has no prefix_blocks: prefix affinity had nothing to act on")
-	} else {
-		rep.Notes = append(rep.Notes, "the trace's prefix_blocks are not modelled by the simulated engines (no prefix cache): prefix affinity had nothing to act on")
+	case bt == 0:
+		rep.Notes = append(rep.Notes, fmt.Sprintf("router.prefix_affinity.block_tokens (%d) does not divide the trace's %d-token prefix blocks: prefix caches not modelled, affinity had nothing to act on", cfg.Router.PrefixAffinity.BlockTokens, TraceBlockTokens))
+	default:
+		rep.Notes = append(rep.Notes, fmt.Sprintf("prefix caches modelled: each engine keeps an LRU of max_kv_tokens/%d prefix blocks of %d tokens, and a prompt whose leading blocks it holds prefills only the rest", bt, bt))
 	}
 	todo := replays(o.Policies, len(cfg.Engines))
 	par := o.Parallel
@@ -308,6 +314,15 @@ func (rep *Report) summarize(cfg *config.Config, name string, s *run) (PolicyRep
 		pr.DamagedRequests += m.residents
 	}
 	pr.TimeToAdaptS = timeToAdapt(rep.Changes, s.moves)
+	var hit, prompt uint64
+	for _, e := range s.engines {
+		h, p := e.m.PrefixHits()
+		hit, prompt = hit+h, prompt+p
+	}
+	if prompt > 0 && s.blockTokens > 0 && slices.ContainsFunc(s.reqs, func(q Request) bool { return len(q.PrefixBlocks) > 0 }) {
+		share := float64(hit) / float64(prompt)
+		pr.PrefixHitShare = &share
+	}
 	if s.c != nil {
 		res, err := audit.Audit(bytes.NewReader(s.logBuf.Bytes()), nil)
 		if err != nil {

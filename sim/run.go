@@ -48,6 +48,49 @@ type run struct {
 	end     time.Time // arrivals stop (the trace's end or --duration-s)
 	faults  []config.Fault
 	probeAt time.Time
+	// blockTokens is the size of the prefix blocks hashed for the router's affinity index
+	// and the engines' prefix caches (0: the trace's blocks cannot be cut to it).
+	blockTokens int
+}
+
+// TraceBlockTokens is the size of a trace's prefix blocks.
+const TraceBlockTokens = 512
+
+// prefixBlockTokens is the block size prefix hashes are cut to: the router's
+// prefix_affinity.block_tokens when it divides the trace's 512-token blocks, else 0.
+func prefixBlockTokens(cfg *config.Config) int {
+	bt := cfg.Router.PrefixAffinity.BlockTokens
+	if bt <= 0 || TraceBlockTokens%bt != 0 {
+		return 0
+	}
+	return bt
+}
+
+// prefixHashes are the chained hashes of a request's prefix blocks cut to bt tokens, full
+// blocks of its prompt only: equal trace blocks give equal hashes, and each hash stands for
+// the whole prefix up to it.
+func prefixHashes(q *Request, bt int) []uint64 {
+	if bt <= 0 || len(q.PrefixBlocks) == 0 {
+		return nil
+	}
+	per := TraceBlockTokens / bt
+	n := min(len(q.PrefixBlocks)*per, q.InputTokens/bt)
+	out := make([]uint64, 0, n)
+	h := uint64(0x6e617277)
+	for i := 0; i < n; i++ {
+		h = mix(h ^ (uint64(q.PrefixBlocks[i/per])*uint64(per) + uint64(i%per) + 1))
+		out = append(out, h)
+	}
+	return out
+}
+
+// mix is splitmix64's finalizer.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 // simEngine is one engine's model and what the replay knows of it.
@@ -74,9 +117,10 @@ type result struct {
 	rejected  bool
 	failed    bool
 	kind      router.Kind
-	prefill   int32 // engine index
-	decode    int32 // engine index
-	onDecode  bool  // the KV reached the decode engine (or, aggregate, it was submitted)
+	prefill   int32    // engine index
+	decode    int32    // engine index
+	onDecode  bool     // the KV reached the decode engine (or, aggregate, it was submitted)
+	prefix    []uint64 // its prefix hashes, until its prefill starts
 }
 
 // roleChange is one engine changing role.
@@ -106,10 +150,15 @@ func newRun(cfg *config.Config, p Policy, reqs []Request, seed int64, end time.T
 		s.planner = newPlanner(cfg)
 	}
 	truth := cfg.Sim.Truth
+	s.blockTokens = prefixBlockTokens(cfg)
 	for i, e := range cfg.Engines {
 		prof := cfg.Profiles[e.Profile]
 		se := &simEngine{id: e.ID, idx: i, up: true, prof: prof, owner: s}
-		se.m = enginesim.NewModel(truthProfile(prof, truth), cfg.Sim.NoiseSigma, seed*1_000_003+int64(i), se)
+		mo := enginesim.ModelOptions{NoiseSigma: cfg.Sim.NoiseSigma, Seed: seed*1_000_003 + int64(i)}
+		if prof.Decode != nil && s.blockTokens > 0 {
+			mo.PrefixBlocks, mo.BlockTokens = prof.Decode.MaxKVTokens/s.blockTokens, s.blockTokens
+		}
+		se.m = enginesim.NewModel(truthProfile(prof, truth), mo, se)
 		s.engines = append(s.engines, se)
 		s.byID[e.ID] = i
 	}
@@ -262,7 +311,8 @@ func (s *run) arrive(i int) {
 	q := &s.reqs[i]
 	o := &s.out[i]
 	o.arrival = s.now
-	out := s.r.Offer(s.now, router.Offer{ID: "r", PromptTokens: max(q.InputTokens, 1)})
+	o.prefix = prefixHashes(q, s.blockTokens)
+	out := s.r.Offer(s.now, router.Offer{ID: "r", PromptTokens: max(q.InputTokens, 1), Prefix: o.prefix})
 	o.handle = out.Handle
 	switch out.Status {
 	case router.Rejected:
@@ -320,21 +370,23 @@ func (s *run) dispatch(i int, p router.Placement) {
 	o.prefill, o.decode = int32(s.byID[p.Prefill]), int32(s.byID[p.Decode])
 	q := &s.reqs[i]
 	prompt, output := max(q.InputTokens, 1), max(q.OutputTokens, 1)
+	prefix := o.prefix
+	o.prefix = nil
 	if p.Kind == router.Aggregate {
 		o.onDecode = true
-		s.submit(s.engines[o.prefill], i, prompt, output, false)
+		s.submit(s.engines[o.prefill], enginesim.Job{ID: uint64(i), Prompt: prompt, Output: output, Prefix: prefix})
 		return
 	}
-	s.submit(s.engines[o.prefill], i, prompt, 1, false)
+	s.submit(s.engines[o.prefill], enginesim.Job{ID: uint64(i), Prompt: prompt, Output: 1, Prefix: prefix})
 }
 
-// submit queues request i on engine e; a down engine fails it at once.
-func (s *run) submit(e *simEngine, i, prompt, output int, prefilled bool) {
+// submit queues a request on engine e; a down engine fails it at once.
+func (s *run) submit(e *simEngine, j enginesim.Job) {
 	if !e.up {
-		s.fail(i)
+		s.fail(int(j.ID))
 		return
 	}
-	next, busy := e.m.Submit(s.now, uint64(i), prompt, output, prefilled)
+	next, busy := e.m.Submit(s.now, j)
 	s.schedule(e, next, busy)
 }
 
@@ -388,7 +440,7 @@ func (s *run) handoff(i int) {
 	}
 	o.onDecode = true
 	q := &s.reqs[i]
-	s.submit(s.engines[o.decode], i, max(q.InputTokens, 1), max(q.OutputTokens, 1), true)
+	s.submit(s.engines[o.decode], enginesim.Job{ID: uint64(i), Prompt: max(q.InputTokens, 1), Output: max(q.OutputTokens, 1), Prefilled: true})
 }
 
 // fail ends request i with an upstream failure.

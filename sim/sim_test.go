@@ -6,6 +6,7 @@ import (
 	"encoding/xml"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"testing"
 
@@ -346,4 +347,34 @@ func TestPlotIsWellFormed(t *testing.T) {
 	if rows != 2 || marks != policy(t, rep, "narwhal").RoleChanges || marks == 0 {
 		t.Fatalf("%d policy rows, %d role-change marks (narwhal made %d)", rows, marks, policy(t, rep, "narwhal").RoleChanges)
 	}
+}
+
+// Where the trace has prefix blocks, the engines cache them and prefix affinity has something
+// to act on: with it, requests sharing a prefix land where it is cached more often than
+// without it.
+func TestPrefixAffinityActsOnModelledCaches(t *testing.T) {
+	reqs, _ := synthetic(t, Synthetic{Kind: "step", RatePerS: 10, DurationS: 300, StepAtS: 1000, Seed: 11})
+	for i := range reqs { // 16 conversations, each a 4-block (2,048-token) shared prefix
+		c := i % 16
+		reqs[i].InputTokens = 2048 + 256
+		reqs[i].PrefixBlocks = []int{4 * c, 4*c + 1, 4*c + 2, 4*c + 3}
+	}
+	with := fleetConfig(t, 6, 4)
+	without := fleetConfig(t, 6, 4)
+	without.Router.PrefixAffinity.Enabled = false
+	a, b := simulate(t, with, reqs, "static", nil), simulate(t, without, reqs, "static", nil)
+	if !strings.Contains(strings.Join(a.Notes, " "), "prefix caches modelled") {
+		t.Fatalf("notes %v", a.Notes)
+	}
+	ha, hb := policy(t, a, "static").PrefixHitShare, policy(t, b, "static").PrefixHitShare
+	if ha == nil || hb == nil || *ha <= *hb || *ha < 0.5 {
+		t.Fatalf("prefix hit share with affinity %v, without %v", deref(ha), deref(hb))
+	}
+}
+
+func deref(p *float64) float64 {
+	if p == nil {
+		return math.NaN()
+	}
+	return *p
 }
