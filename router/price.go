@@ -80,6 +80,10 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 		}
 	}
 	ss := r.pricing.load(r, t, q.Splits)
+	// The decode pool is priced at the horizon, when the probe arrives: a waiting request's
+	// output work lands on it when its first token appears (its projected prefill end and the
+	// handoff), so only those whose first token comes by then are counted there.
+	horizon := t + q.StepS
 	for _, h := range r.waiting.all() {
 		e, _, err := r.lookup(h)
 		if err != nil || e.phase != phaseWaiting {
@@ -93,7 +97,9 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 			if e == target {
 				sp.requestTTFT = ttft
 			}
-			sp.decode.place(need)
+			if e.arrival+ttft <= horizon {
+				sp.decode.place(need)
+			}
 		}
 	}
 	d := r.demand.estimate(t).Priced
@@ -112,21 +118,25 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 			// of the mean prompt (1.9 req/s over 0.5 s injects 0.95 of a request, not none).
 			expected := d.ArrivalsPerS * q.StepS
 			gap := 1 / d.ArrivalsPerS
-			j := 0
+			j, landed := 0, 0.0
 			for ; float64(j+1) <= expected; j++ {
-				sp.prefill.schedule(meanPrompt, t+float64(j)*gap)
+				if sp.prefill.schedule(meanPrompt, t+float64(j)*gap)+sp.handoff <= horizon {
+					landed++
+				}
 			}
 			if frac := expected - float64(j); frac > 0 {
-				sp.prefill.schedule(max(1, int(frac*float64(meanPrompt))), t+float64(j)*gap)
+				if sp.prefill.schedule(max(1, int(frac*float64(meanPrompt))), t+float64(j)*gap)+sp.handoff <= horizon {
+					landed += frac
+				}
 			}
 			// Their streams on the decode pool at the horizon, as the waiting set's are
-			// counted: by Little's law λ × a stream's life (the mean output at the pool's
-			// step), at most the requests injected. Without them pricing saw the demand's
-			// prefill work but not the decode work it becomes, and in a silence after a
-			// burst every decode→prefill move looked like a gain.
+			// counted: those whose first token comes by then, and by Little's law at most
+			// λ × a stream's life (the mean output at the pool's step). Without them pricing
+			// saw the demand's prefill work but not the decode work it becomes, and in a
+			// silence after a burst every decode→prefill move looked like a gain.
 			if life := meanOutput * sp.step; !math.IsInf(life, 1) {
 				need := int64(meanPrompt) + int64(math.Ceil(meanOutput))
-				for n := int(math.Round(min(expected, d.ArrivalsPerS*life))); n > 0; n-- {
+				for n := int(math.Round(min(landed, d.ArrivalsPerS*life))); n > 0; n-- {
 					sp.decode.place(need)
 				}
 			}

@@ -130,3 +130,32 @@ func TestPriceCountsTheDemandsDecodeStreams(t *testing.T) {
 		t.Errorf("one decode engine carries the demand's streams no slower than two: %v <= %v", ps[1].TPOTRatio, ps[0].TPOTRatio)
 	}
 }
+
+// A waiting request's output work lands on the decode pool when its first token appears: the
+// decode pool is priced at the horizon (the probe's arrival), so a backlog that will still be
+// prefilling then does not crowd it. Before, a long waiting set of long prompts put every one
+// of its streams on the decode pool at once: tpot_ratio +Inf for every split, and the
+// controller moved prefill engines to decode in a prefill overload (narwhal sim, Mooncake
+// conversation trace).
+func TestPriceLandsWaitingStreamsByTheHorizon(t *testing.T) {
+	cfg := config.Default()
+	p := cfg.Profiles[config.DefaultProfileName]
+	p.Decode.MaxKVTokens = 200_000 // ten 20,000-token requests fill a decode engine
+	cfg.Profiles[config.DefaultProfileName] = p
+	r := testRouter(t, cfg, "p1 prefill", "d1 decode", "d2 decode")
+	for k := 0; k < 40; k++ {
+		if o := r.Offer(at(0), Offer{ID: "r", PromptTokens: 16000, MaxTokens: 4000}); o.Status == Rejected {
+			t.Fatalf("offer %d: %+v", k, o)
+		}
+	}
+	if w := r.Snapshot(at(0)).Retained.Waiting; w < 30 {
+		t.Fatalf("want a backlog behind the one prefill engine: %d waiting", w)
+	}
+	ps, _ := r.Price(at(0), Query{Splits: []Split{r.CurrentSplit()}, StepS: 5})
+	if math.IsInf(ps[0].TPOTRatio, 1) {
+		t.Fatalf("the backlog's streams all priced on the decode pool at once: %+v", ps[0])
+	}
+	if ps[0].TTFTRatio < 10 {
+		t.Fatalf("the backlog is not priced on the prefill pool: %+v", ps[0])
+	}
+}
