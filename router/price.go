@@ -82,7 +82,8 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 	ss := r.pricing.load(r, t, q.Splits)
 	// The decode pool is priced at the horizon, when the probe arrives: a waiting request's
 	// output work lands on it when its first token appears (its projected prefill end and the
-	// handoff), so only those whose first token comes by then are counted there.
+	// handoff) and leaves after its output at the pool's step, so those decoding then are
+	// counted there (alive).
 	horizon := t + q.StepS
 	for _, h := range r.waiting.all() {
 		e, _, err := r.lookup(h)
@@ -97,7 +98,7 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 			if e == target {
 				sp.requestTTFT = ttft
 			}
-			if e.arrival+ttft <= horizon {
+			if sp.alive(e.arrival+ttft, float64(e.output), horizon) {
 				sp.decode.place(need)
 			}
 		}
@@ -118,27 +119,24 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 			// of the mean prompt (1.9 req/s over 0.5 s injects 0.95 of a request, not none).
 			expected := d.ArrivalsPerS * q.StepS
 			gap := 1 / d.ArrivalsPerS
-			j, landed := 0, 0.0
+			// Their streams count on the decode pool as the waiting set's do: those decoding
+			// at the horizon. Without them pricing saw the demand's prefill work but not the
+			// decode work it becomes, and in a silence after a burst every decode→prefill
+			// move looked like a gain.
+			j, alive := 0, 0.0
 			for ; float64(j+1) <= expected; j++ {
-				if sp.prefill.schedule(meanPrompt, t+float64(j)*gap)+sp.handoff <= horizon {
-					landed++
+				if sp.alive(sp.prefill.schedule(meanPrompt, t+float64(j)*gap)+sp.handoff, meanOutput, horizon) {
+					alive++
 				}
 			}
 			if frac := expected - float64(j); frac > 0 {
-				if sp.prefill.schedule(max(1, int(frac*float64(meanPrompt))), t+float64(j)*gap)+sp.handoff <= horizon {
-					landed += frac
+				if sp.alive(sp.prefill.schedule(max(1, int(frac*float64(meanPrompt))), t+float64(j)*gap)+sp.handoff, meanOutput, horizon) {
+					alive += frac
 				}
 			}
-			// Their streams on the decode pool at the horizon, as the waiting set's are
-			// counted: those whose first token comes by then, and by Little's law at most
-			// λ × a stream's life (the mean output at the pool's step). Without them pricing
-			// saw the demand's prefill work but not the decode work it becomes, and in a
-			// silence after a burst every decode→prefill move looked like a gain.
-			if life := meanOutput * sp.step; !math.IsInf(life, 1) {
-				need := int64(meanPrompt) + int64(math.Ceil(meanOutput))
-				for n := int(math.Round(min(landed, d.ArrivalsPerS*life))); n > 0; n-- {
-					sp.decode.place(need)
-				}
+			need := int64(meanPrompt) + int64(math.Ceil(meanOutput))
+			for n := int(math.Round(alive)); n > 0; n-- {
+				sp.decode.place(need)
 			}
 		}
 		probe := sp.prefill.schedule(meanPrompt, probeAt) + sp.handoff - probeAt
@@ -154,6 +152,12 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 		ps[k] = p
 	}
 	return ps, target != nil
+}
+
+// alive reports whether a stream whose first token comes at first, with output tokens to
+// generate at the split's decode step, is decoding at the horizon.
+func (sp *splitSched) alive(first, output, horizon float64) bool {
+	return first <= horizon && first+output*sp.step > horizon
 }
 
 // load prepares one scheduler per split at t: its prefill engines, each free when freeAt
