@@ -33,6 +33,8 @@ type Options struct {
 	// Changes are the times (seconds) the workload's mix changes and the direction that
 	// answers each (synthetic workloads know them), for time to adapt.
 	Changes []Change
+	// Notes are said in the report (how the workload was prepared).
+	Notes []string
 }
 
 // Change is a change of the workload's mix at AtS seconds that a move in Direction answers
@@ -121,7 +123,7 @@ func Simulate(cfg *config.Config, reqs []Request, o Options) (*Report, error) {
 	span := reqs[len(reqs)-1].ArrivalS
 	end := Epoch.Add(config.Seconds(span))
 	rep := &Report{Trace: o.Trace, Requests: len(reqs), SpanS: span, Engines: len(cfg.Engines), Seed: o.Seed, SLO: cfg.SLO,
-		WindowS: o.WindowS, Changes: o.Changes, runs: map[string]*run{}, logs: map[string][]byte{}, policyFor: map[string]Policy{}}
+		WindowS: o.WindowS, Changes: o.Changes, Notes: append([]string(nil), o.Notes...), runs: map[string]*run{}, logs: map[string][]byte{}, policyFor: map[string]Policy{}}
 	switch bt := prefixBlockTokens(cfg); {
 	case !slices.ContainsFunc(reqs, func(q Request) bool { return len(q.PrefixBlocks) > 0 }):
 		rep.Notes = append(rep.Notes, "the trace has no prefix_blocks: prefix affinity had nothing to act on")

@@ -378,3 +378,37 @@ func deref(p *float64) float64 {
 	}
 	return *p
 }
+
+// A trace quantised to a grid is spread within its slots: counts kept, each request within its
+// slot, in arrival order, the same for the same seed.
+func TestSpreadWithinSlots(t *testing.T) {
+	var reqs []Request
+	for slot := 0; slot < 5; slot++ {
+		for k := 0; k < 10; k++ {
+			reqs = append(reqs, Request{ArrivalS: float64(3 * slot), InputTokens: 100*slot + k, OutputTokens: 1})
+		}
+	}
+	a, b := Spread(reqs, 3, 1), Spread(reqs, 3, 1)
+	if len(a) != len(reqs) {
+		t.Fatalf("%d requests, want %d", len(a), len(reqs))
+	}
+	for i, q := range a {
+		slot := float64(3 * (q.InputTokens / 100))
+		if q.ArrivalS < slot || q.ArrivalS >= slot+3 {
+			t.Fatalf("request %d at %v s, outside its slot [%v, %v)", i, q.ArrivalS, slot, slot+3)
+		}
+		if i > 0 && q.ArrivalS < a[i-1].ArrivalS {
+			t.Fatalf("out of order at %d", i)
+		}
+		if b[i].ArrivalS != q.ArrivalS {
+			t.Fatalf("not seeded: %v and %v", b[i].ArrivalS, q.ArrivalS)
+		}
+	}
+	distinct := map[float64]bool{}
+	for _, q := range a {
+		distinct[q.ArrivalS] = true
+	}
+	if len(distinct) < 40 {
+		t.Fatalf("only %d distinct arrivals", len(distinct))
+	}
+}

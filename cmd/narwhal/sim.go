@@ -18,7 +18,7 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 	var (
 		cfgPath, tracePath, policies, reportPath, decisionsPath string
 		sweepSpec, plotPath                                     string
-		durationS, rateScale, windowS                           float64
+		durationS, rateScale, windowS, spreadS                  float64
 		seed                                                    int64
 		parallel                                                int
 		syn                                                     sim.Synthetic
@@ -53,6 +53,11 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 				name = "synthetic:" + syn.Kind
 			} else if reqs, err = sim.LoadTrace(tracePath, 0); err != nil {
 				return failureErr(err)
+			}
+			notes := []string(nil)
+			if spreadS > 0 {
+				reqs = sim.Spread(reqs, spreadS, seed)
+				notes = append(notes, fmt.Sprintf("arrivals sharing a time were spread uniformly over the %g s that follows it (seed %d)", spreadS, seed))
 			}
 			if sweepSpec != "" {
 				scales, err := sim.ParseSweep(sweepSpec)
@@ -90,7 +95,7 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 				}
 			}
 			rep, err := sim.Simulate(cfg, reqs, sim.Options{Policies: ps, Seed: seed, WindowS: windowS, DurationS: durationS,
-				Progress: progress, Parallel: parallel, Trace: name, Changes: changes})
+				Progress: progress, Parallel: parallel, Trace: name, Changes: changes, Notes: notes})
 			if err != nil {
 				return failureErr(err)
 			}
@@ -144,6 +149,7 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 	f.StringVar(&sweepSpec, "sweep-rate", "", "A:B:STEP: replay at each rate scale from A to B and print each policy's attainment and goodput (the largest rate at 90% attainment)")
 	f.Float64Var(&durationS, "duration-s", 0, "replay the first N seconds of the trace (after --rate-scale; 0: all)")
 	f.Float64Var(&rateScale, "rate-scale", 1, "compress the trace's time by this factor (2: twice the rate)")
+	f.Float64Var(&spreadS, "spread-s", 0, "spread the requests of each arrival time uniformly over the N seconds that follow it (a trace quantised to an N-second grid; seeded by --seed)")
 	f.Float64Var(&windowS, "window-s", 60, "the width of the report's windows and of oracle:window's, seconds")
 	f.Int64Var(&seed, "seed", 1, "seed of the simulated engines' noise")
 	f.IntVar(&parallel, "parallel", 0, "replays run at once (0: all)")

@@ -42,6 +42,7 @@ func main() {
 		name    string
 		reqs    []sim.Request
 		changes []sim.Change
+		notes   []string
 	}
 	var ws []workload
 	for _, tr := range []string{"azure-2023-conv", "mooncake-fast25-conversation", "mooncake-fast25-synthetic"} {
@@ -49,7 +50,12 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		ws = append(ws, workload{name: tr, reqs: reqs})
+		var notes []string
+		if tr == "mooncake-fast25-conversation" { // arrivals on a 3 s grid
+			reqs = sim.Spread(reqs, 3, 1)
+			notes = append(notes, "arrivals spread uniformly over their 3 s slots (seed 1)")
+		}
+		ws = append(ws, workload{name: tr, reqs: reqs, notes: notes})
 	}
 	for _, kind := range sim.SyntheticKinds {
 		syn := sim.DefaultSynthetic(kind)
@@ -81,7 +87,7 @@ func main() {
 		for k := 4.0 / base; k*base <= 256; k *= math.Pow(2, 0.25) {
 			scales = append(scales, math.Round(k*1000)/1000)
 		}
-		o := sim.Options{Policies: policies, Seed: 1, Trace: w.name, Changes: w.changes}
+		o := sim.Options{Policies: policies, Seed: 1, Trace: w.name, Changes: w.changes, Notes: w.notes}
 		sw, err := sim.RunSweep(cfg, w.reqs, o, scales)
 		if err != nil {
 			log.Fatal(err)
