@@ -109,8 +109,6 @@ type simEngine struct {
 type result struct {
 	handle    router.Handle
 	arrival   time.Time
-	placed    time.Time // when the router dispatched it
-	prefilled time.Time // when its prefill ended (disaggregated)
 	first     time.Time // zero until its first token
 	done      time.Time // zero until it finished
 	generated int
@@ -366,7 +364,7 @@ func (s *run) settle() {
 // both phases on the fallback engine (aggregate).
 func (s *run) dispatch(i int, p router.Placement) {
 	o := &s.out[i]
-	o.kind, o.placed = p.Kind, s.now
+	o.kind = p.Kind
 	o.prefill, o.decode = int32(s.byID[p.Prefill]), int32(s.byID[p.Decode])
 	q := &s.reqs[i]
 	prompt, output := max(q.InputTokens, 1), max(q.OutputTokens, 1)
@@ -422,7 +420,6 @@ func (e *simEngine) Finished(id uint64, at time.Time, generated int) {
 	s := e.owner
 	o := &s.out[id]
 	if !o.onDecode { // the prefill of a disaggregated request: the KV moves to the decode engine
-		o.prefilled = at
 		s.events.push(event{at: at.Add(config.Seconds(e.prof.KVTransferS)), kind: evHandoff, idx: uint32(id)})
 		return
 	}
