@@ -61,8 +61,12 @@ func (j *job) finishReason() string {
 	return "stop"
 }
 
-// publish hands the job's progress and state to its handler. It never blocks.
+// publish hands the job's progress and state to its handler. It never blocks. A job of the
+// virtual-time Model has no handler (and no notify channel): nothing to publish.
 func (j *job) publish() {
+	if j.notify == nil {
+		return
+	}
 	j.progress.Store(int64(j.generated))
 	j.status.Store(uint32(j.state))
 	select {

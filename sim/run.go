@@ -278,7 +278,7 @@ func (s *run) nextEvent() (time.Time, int) {
 			s.events.pop() // superseded
 			continue
 		}
-		consider(ev.at, ev.kind)
+		consider(Epoch.Add(time.Duration(ev.at)), ev.kind)
 		break
 	}
 	if s.next < len(s.reqs) {
@@ -400,7 +400,7 @@ func (s *run) schedule(e *simEngine, next time.Time, busy bool) {
 	}
 	e.next = next
 	e.ver++
-	s.events.push(event{at: next, kind: evEngine, idx: uint32(e.idx), ver: e.ver})
+	s.events.push(event{at: nanos(next), kind: evEngine, idx: uint32(e.idx), ver: e.ver})
 }
 
 // FirstToken implements enginesim.Observer: the client's first token, unless this is the
@@ -420,7 +420,7 @@ func (e *simEngine) Finished(id uint64, at time.Time, generated int) {
 	s := e.owner
 	o := &s.out[id]
 	if !o.onDecode { // the prefill of a disaggregated request: the KV moves to the decode engine
-		s.events.push(event{at: at.Add(config.Seconds(e.prof.KVTransferS)), kind: evHandoff, idx: uint32(id)})
+		s.events.push(event{at: nanos(at.Add(config.Seconds(e.prof.KVTransferS))), kind: evHandoff, idx: uint32(id)})
 		return
 	}
 	o.done, o.generated = at, generated
@@ -551,9 +551,12 @@ func (s *run) fleetEvent(ev fleet.Event) {
 // syncFleet tells the router the fleet changed.
 func (s *run) syncFleet() { s.r.SetFleet(s.now, s.f.Snapshot()) }
 
-// event is a pending engine step end or KV handoff.
+// nanos is a virtual time as nanoseconds since Epoch (events compare as integers).
+func nanos(t time.Time) int64 { return int64(t.Sub(Epoch)) }
+
+// event is a pending engine step end or KV handoff, at nanoseconds since Epoch.
 type event struct {
-	at   time.Time
+	at   int64
 	kind int
 	idx  uint32
 	ver  uint64
@@ -609,8 +612,8 @@ func (h *eventHeap) pop() event {
 }
 
 func (e *event) less(o *event) bool {
-	if !e.at.Equal(o.at) {
-		return e.at.Before(o.at)
+	if e.at != o.at {
+		return e.at < o.at
 	}
 	if e.kind != o.kind {
 		return e.kind < o.kind
