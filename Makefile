@@ -47,11 +47,13 @@ fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzResponseObserver$$' -fuzztime=$(FUZZTIME) ./extproc
 
 # The property tests at length: 10,000 router sequences, 30,000 sequences of random ext_proc
-# streams through the real server, and 10,000 random controller runs audited.
+# streams through the real server, and 10,000 random controller runs audited; and the
+# simulator's engine against a real enginesim's client-observed timing (needs a quiet machine).
 check-long:
 	$(GO) test -race -count=1 -run='^TestConservationProperty$$' ./router -rapid.checks=10000
 	$(GO) test -race -count=1 -run='^TestStreamsProperty$$' ./extproc -rapid.checks=10000
 	$(GO) test -race -count=1 -run='^TestAuditedProperty$$' ./controller -rapid.checks=10000
+	NARWHAL_REALTIME=1 $(GO) test -count=1 -run='^TestModelMatchesTheServer$$' ./enginesim
 
 # The simulator's results section of docs/benchmarks.md and its plots (docs/sim/*.svg): every
 # shared trace and synthetic kind on 8 engines, every policy side by side (about 15 minutes).

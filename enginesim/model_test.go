@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -27,9 +28,11 @@ func (m *modelEvents) Finished(id uint64, at time.Time, n int) {
 }
 
 // The simulator's engine is the server's engine: the same requests, sent together to a real
-// enginesim over HTTP and submitted together to a Model in virtual time, see TTFTs and mean
-// TPOTs within a few percent (the server adds loopback HTTP and timer lateness, about a
-// millisecond).
+// enginesim over HTTP and submitted at the same arrivals to a Model in virtual time, make the
+// same schedule — every step of the same kind, batch, KV, prompt and length, in order. With
+// NARWHAL_REALTIME=1 (make check-long: on a quiet machine, since it times a real server) it
+// also checks what the clients saw: TTFTs and mean TPOTs within a few percent of the Model's
+// (the server adds loopback HTTP and timer lateness, about a millisecond).
 func TestModelMatchesTheServer(t *testing.T) {
 	const (
 		n      = 12
@@ -80,6 +83,8 @@ func TestModelMatchesTheServer(t *testing.T) {
 
 	ev := &modelEvents{first: map[uint64]time.Time{}, done: map[uint64]time.Time{}, generated: map[uint64]int{}}
 	m := NewModel(prof, ModelOptions{Seed: 1}, ev)
+	mrec := &recorder{}
+	m.s.trace = mrec
 	epoch := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var next time.Time
 	busy := false
@@ -88,6 +93,24 @@ func TestModelMatchesTheServer(t *testing.T) {
 	}
 	for busy {
 		next, busy = m.Advance(next)
+	}
+	rec.mu.Lock()
+	serverSteps := append([]stepRecord(nil), rec.steps...)
+	rec.mu.Unlock()
+	if len(serverSteps) != len(mrec.steps) {
+		t.Fatalf("the server ran %d steps, the model %d", len(serverSteps), len(mrec.steps))
+	}
+	for k, a := range serverSteps {
+		b := mrec.steps[k]
+		// A step's length is the profile's, whatever the server's timer lateness (it moves a
+		// step's start, never its length).
+		if a.kind != b.kind || a.streams != b.streams || a.kvTokens != b.kvTokens || a.promptTokens != b.promptTokens ||
+			a.end.Sub(a.start) != b.end.Sub(b.start) {
+			t.Fatalf("step %d: server %+v (%v), model %+v (%v)", k, a, a.end.Sub(a.start), b, b.end.Sub(b.start))
+		}
+	}
+	if os.Getenv("NARWHAL_REALTIME") == "" {
+		return
 	}
 	var ttftErr, tpotErr float64
 	for i, o := range results {
