@@ -2,7 +2,9 @@ package sim
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
@@ -161,6 +163,7 @@ func newRun(cfg *config.Config, p Policy, reqs []Request, seed int64, end time.T
 		s.byID[e.ID] = i
 	}
 	s.faults = append(s.faults, cfg.Sim.Faults...)
+	slices.SortStableFunc(s.faults, func(a, b config.Fault) int { return cmp.Compare(a.AtS, b.AtS) }) // in time order, as listed at one time
 	if len(s.faults) > 0 {
 		s.probeAt = Epoch
 	}

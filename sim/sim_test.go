@@ -191,8 +191,8 @@ func TestThresholdPlannerExpandsAMissingPool(t *testing.T) {
 func TestFaultsEmptyThePrefillPool(t *testing.T) {
 	reqs, _ := synthetic(t, Synthetic{Kind: "step", RatePerS: 8, DurationS: 180, StepAtS: 1000, Seed: 6})
 	cfg := fleetConfig(t, 4, 2)
-	cfg.Sim.Faults = []config.Fault{{AtS: 40, Engine: "e1", Kind: "fail"}, {AtS: 40, Engine: "e2", Kind: "fail"},
-		{AtS: 100, Engine: "e1", Kind: "recover"}, {AtS: 100, Engine: "e2", Kind: "recover"}}
+	cfg.Sim.Faults = []config.Fault{{AtS: 100, Engine: "e1", Kind: "recover"}, {AtS: 40, Engine: "e1", Kind: "fail"},
+		{AtS: 40, Engine: "e2", Kind: "fail"}, {AtS: 100, Engine: "e2", Kind: "recover"}} // in any order
 	p, _ := ParsePolicies("static", 4)
 	s, err := newRun(cfg, p[0], reqs, 1, Epoch.Add(config.Seconds(180)))
 	if err != nil {
