@@ -332,9 +332,19 @@ func (s *run) arrive(i int) {
 // urgent triggers, passive-health ejections.
 func (s *run) settle() {
 	for {
+		// An ejection changes the fleet, and the router may dispatch on the change: handle
+		// what it produces at this same instant.
+		ejected := false
+		for _, e := range s.r.TakeEjections() {
+			cause := fmt.Sprintf("passive: %d upstream failures in a row", e.Failures)
+			if _, err := s.f.SetLifecycle(e.Engine, fleet.Failed, s.now, cause); err == nil {
+				s.syncFleet()
+				ejected = true
+			}
+		}
 		// Ready's slice lasts until the next router call, and a dispatch calls the router.
 		s.ready = append(s.ready[:0], s.r.Ready()...)
-		if len(s.ready) == 0 {
+		if len(s.ready) == 0 && !ejected {
 			break
 		}
 		for _, o := range s.ready {
@@ -354,12 +364,6 @@ func (s *run) settle() {
 	}
 	if tr, ok := s.r.TakeTrigger(); ok && s.c != nil {
 		s.c.Trigger(tr)
-	}
-	for _, e := range s.r.TakeEjections() {
-		cause := fmt.Sprintf("passive: %d upstream failures in a row", e.Failures)
-		if _, err := s.f.SetLifecycle(e.Engine, fleet.Failed, s.now, cause); err == nil {
-			s.syncFleet()
-		}
 	}
 }
 
