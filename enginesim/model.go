@@ -37,7 +37,7 @@ type ModelOptions struct {
 // NewModel returns an idle engine timed by p.
 func NewModel(p config.Profile, o ModelOptions, obs Observer) *Model {
 	m := &Model{s: newScheduler(p, o.NoiseSigma, o.Seed), obs: obs}
-	m.s.events = m
+	m.s.events, m.s.lazy = m, true
 	m.s.cache = newPrefixCache(o.PrefixBlocks, o.BlockTokens)
 	return m
 }

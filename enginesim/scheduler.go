@@ -38,6 +38,10 @@ type job struct {
 	generated int
 	arrival   time.Time
 	batchIdx  int
+	// The lazy batch's bookkeeping (scheduler.lazy): the decode step count when it joined, its
+	// tokens then, and the step count at which it has all its output.
+	joinStep, finishAt uint64
+	genAtJoin          int
 	// Sequence numbers of the steps that produced the first, second and last token (tracing).
 	firstStep, secondStep, lastStep uint64
 
@@ -158,8 +162,16 @@ type scheduler struct {
 	sigma      float64
 	noise      *rand.Rand
 	trace      tracer
-	events     jobEvents    // nil in the HTTP engine
-	cache      *prefixCache // nil: no prefix cache (the HTTP engine)
+	events     jobEvents // nil in the HTTP engine
+	// lazy keeps the decode batch without touching every resident at every step (the
+	// virtual-time Model: no handler watches each token). A resident's progress is the steps
+	// since it joined; a step touches only the streams that start or finish in it. The
+	// schedule — every step's kind, batch, KV and length — is the eager one's.
+	lazy      bool
+	steps     uint64       // decode steps completed (lazy)
+	finishing []*job       // lazy: the batch as a min-heap by finishAt
+	fresh     []*job       // lazy: residents that have not decoded yet (their next step gives their first token)
+	cache     *prefixCache // nil: no prefix cache (the HTTP engine)
 
 	queue      []*job // FIFO of jobs not yet admitted
 	prefilling *job   // the job of the current prefill step; nil if none or cancelled
@@ -237,6 +249,9 @@ func (s *scheduler) failAll() {
 	}
 	clear(s.batch)
 	s.batch = s.batch[:0]
+	clear(s.finishing)
+	clear(s.fresh)
+	s.finishing, s.fresh = s.finishing[:0], s.fresh[:0]
 	s.batchKV, s.reserved = 0, 0
 	s.step = stepIdle
 }
@@ -353,6 +368,10 @@ func (s *scheduler) completeStep() {
 		j.publish()
 	case stepDecode:
 		s.counts.generationTokens += uint64(len(s.batch))
+		if s.lazy {
+			s.lazyStep()
+			break
+		}
 		keep := s.batch[:0]
 		for _, j := range s.batch {
 			j.generated++
@@ -389,10 +408,90 @@ func (s *scheduler) joinBatch(j *job) {
 	j.batchIdx = len(s.batch)
 	s.batch = append(s.batch, j)
 	s.batchKV += j.prompt + j.generated
+	if s.lazy {
+		j.joinStep, j.genAtJoin = s.steps, j.generated
+		j.finishAt = s.steps + uint64(j.output-j.generated)
+		s.pushFinishing(j)
+		if j.generated == 0 {
+			s.fresh = append(s.fresh, j)
+		}
+	}
+}
+
+// lazyStep is a decode step of the lazy batch: every resident has one more token (its KV
+// grows by one), those that had none give their first token, and those whose output is done
+// leave, in the order they finish.
+func (s *scheduler) lazyStep() {
+	s.steps++
+	s.batchKV += len(s.batch)
+	for _, j := range s.fresh {
+		if j.state == jobDecoding && s.events != nil {
+			s.events.firstToken(j, s.stepEnd)
+		}
+	}
+	clear(s.fresh)
+	s.fresh = s.fresh[:0]
+	for len(s.finishing) > 0 && s.finishing[0].finishAt <= s.steps {
+		j := s.popFinishing()
+		if j.state != jobDecoding {
+			continue // cancelled
+		}
+		s.leaveBatch(j)
+		s.end(j, jobFinished)
+	}
+}
+
+// pushFinishing and popFinishing keep the lazy batch's heap by finishAt, then id.
+func (s *scheduler) pushFinishing(j *job) {
+	h := append(s.finishing, j)
+	for i := len(h) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !finishesBefore(h[i], h[p]) {
+			break
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
+	}
+	s.finishing = h
+}
+
+func (s *scheduler) popFinishing() *job {
+	h := s.finishing
+	top := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h[n] = nil
+	h = h[:n]
+	for i := 0; ; {
+		l, m := 2*i+1, i
+		if l < n && finishesBefore(h[l], h[m]) {
+			m = l
+		}
+		if r := l + 1; r < n && finishesBefore(h[r], h[m]) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+	s.finishing = h
+	return top
+}
+
+func finishesBefore(a, b *job) bool {
+	if a.finishAt != b.finishAt {
+		return a.finishAt < b.finishAt
+	}
+	return a.id < b.id
 }
 
 // leaveBatch removes a decoding resident and frees its KV.
 func (s *scheduler) leaveBatch(j *job) {
+	if s.lazy {
+		j.generated = min(j.output, j.genAtJoin+int(s.steps-j.joinStep))
+	}
 	last := len(s.batch) - 1
 	moved := s.batch[last]
 	s.batch[j.batchIdx] = moved
