@@ -9,10 +9,12 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/router"
 )
 
-// MaxPrefixBlocks is the number of prompt-prefix block hashes a Request carries at most.
-const MaxPrefixBlocks = 32
+// MaxPrefixBlocks is the number of prompt-prefix block hashes a Request carries at most: as
+// many as the router uses.
+const MaxPrefixBlocks = router.MaxPrefixBlocks
 
 // MaxModelBytes is the longest model name accepted (decoded bytes): names are client-chosen
 // keys of the sizing table and of /narwhal/state, so they are bounded.

@@ -159,3 +159,18 @@ func TestPriceLandsWaitingStreamsByTheHorizon(t *testing.T) {
 		t.Fatalf("the backlog is not priced on the prefill pool: %+v", ps[0])
 	}
 }
+
+// The router uses an offer's first MaxPrefixBlocks prefix hashes, whoever sends it: the ext_proc
+// parser hashes no more, and a longer slice (the simulator's, from a trace) is cut, so affinity
+// sees what it sees behind Envoy.
+func TestOfferPrefixCut(t *testing.T) {
+	r := testRouter(t, config.Default(), "p prefill", "d decode")
+	long := make([]uint64, 3*MaxPrefixBlocks)
+	for i := range long {
+		long[i] = uint64(i + 1)
+	}
+	r.Offer(at(0), Offer{ID: "r", PromptTokens: 8000, Prefix: long})
+	if n := r.aff.lru.Len(); n != MaxPrefixBlocks {
+		t.Fatalf("the affinity index holds %d blocks of one offer, want %d", n, MaxPrefixBlocks)
+	}
+}

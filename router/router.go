@@ -237,6 +237,7 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 	t := r.at(now)
 	r.counters.Offers++
 	r.decay(t)
+	o.Prefix = o.Prefix[:min(len(o.Prefix), MaxPrefixBlocks)]
 	prompt := int64(max(o.PromptTokens, 0))
 	// The KV tokens it needs at least: its prompt and max_tokens, or one output token.
 	if need := addSat(prompt, int64(max(o.MaxTokens, 1))); r.maxKV > 0 && need > r.maxKV {

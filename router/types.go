@@ -31,10 +31,15 @@ type Offer struct {
 	// has no first-token timeout and gives no correction samples.
 	NonStreaming bool
 	// Prefix holds the chained hashes of the prompt's prefix blocks (router.prefix_affinity
-	// .block_tokens tokens each), for prefix affinity. The router keeps the slice until the
-	// request is dispatched; the caller must not change it before then.
+	// .block_tokens tokens each), for prefix affinity; the router uses the first
+	// MaxPrefixBlocks. It keeps the slice until the request is dispatched; the caller must not
+	// change it before then.
 	Prefix []uint64
 }
+
+// MaxPrefixBlocks is how many prefix block hashes of an offer the router uses (the leading
+// ones): the ext_proc parser hashes no more, and the simulator's offers are cut the same way.
+const MaxPrefixBlocks = 32
 
 // Code names a rejection, as the contract's error codes do.
 type Code uint8
