@@ -84,10 +84,7 @@ func (m *Model) Fail() []uint64 {
 	for _, j := range m.s.batch {
 		ids = append(ids, j.id)
 	}
-	obs := m.obs
-	m.obs = nil
-	m.s.failAll()
-	m.obs = obs
+	m.s.failAll() // ended hears only finished requests
 	return ids
 }
 

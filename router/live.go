@@ -66,13 +66,7 @@ func (l *Live) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-timer.C:
-		case <-l.kick:
-			if !timer.Stop() {
-				select {
-				case <-timer.C:
-				default:
-				}
-			}
+		case <-l.kick: // Reset above discards a stale tick (Go 1.23 timers)
 		}
 	}
 }

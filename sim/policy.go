@@ -222,9 +222,8 @@ func (p *planner) evaluate(now time.Time, r *router.Router, fl fleet.Snapshot, e
 		if len(pool.ids) <= pool.min || !canShrink(pool.xs) {
 			continue
 		}
-		for i, id := range pool.ids {
+		for _, id := range pool.ids {
 			if p.borrowed[id] == pool.role {
-				_ = i
 				delete(p.borrowed, id)
 				back := fleet.Decode
 				if pool.role == fleet.Decode {

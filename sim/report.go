@@ -58,6 +58,7 @@ type Report struct {
 	Changes   []Change       `json:"changes,omitempty"`
 	runs      map[string]*run
 	logs      map[string][]byte
+	sums      map[string]PolicyReport
 	policyFor map[string]Policy
 }
 
@@ -123,7 +124,7 @@ func Simulate(cfg *config.Config, reqs []Request, o Options) (*Report, error) {
 	span := reqs[len(reqs)-1].ArrivalS
 	end := Epoch.Add(config.Seconds(span))
 	rep := &Report{Trace: o.Trace, Requests: len(reqs), SpanS: span, Engines: len(cfg.Engines), Seed: o.Seed, SLO: cfg.SLO,
-		WindowS: o.WindowS, Changes: o.Changes, Notes: append([]string(nil), o.Notes...), runs: map[string]*run{}, logs: map[string][]byte{}, policyFor: map[string]Policy{}}
+		WindowS: o.WindowS, Changes: o.Changes, Notes: append([]string(nil), o.Notes...), runs: map[string]*run{}, logs: map[string][]byte{}, sums: map[string]PolicyReport{}, policyFor: map[string]Policy{}}
 	switch bt := prefixBlockTokens(cfg); {
 	case !slices.ContainsFunc(reqs, func(q Request) bool { return len(q.PrefixBlocks) > 0 }):
 		rep.Notes = append(rep.Notes, "the trace has no prefix_blocks: prefix affinity had nothing to act on")
@@ -183,7 +184,7 @@ func Simulate(cfg *config.Config, reqs []Request, o Options) (*Report, error) {
 			pr = rep.oracle(cfg)
 		default:
 			var err error
-			if pr, err = rep.summarize(cfg, p.Name, rep.runs[p.Name]); err != nil {
+			if pr, err = rep.summary(cfg, p.Name); err != nil {
 				return nil, err
 			}
 			pr.WallS = walls[p.Name]
@@ -208,7 +209,7 @@ func (rep *Report) staticBest(cfg *config.Config) PolicyReport {
 	var best PolicyReport
 	found := false
 	for _, name := range rep.statics(cfg) {
-		pr, _ := rep.summarize(cfg, name, rep.runs[name])
+		pr, _ := rep.summary(cfg, name)
 		if !found || pr.SLOAttainment > best.SLOAttainment {
 			best, found = pr, true
 			best.Split = name
@@ -222,7 +223,7 @@ func (rep *Report) staticBest(cfg *config.Config) PolicyReport {
 func (rep *Report) oracle(cfg *config.Config) PolicyReport {
 	var wins [][]Window
 	for _, name := range rep.statics(cfg) {
-		pr, _ := rep.summarize(cfg, name, rep.runs[name])
+		pr, _ := rep.summary(cfg, name)
 		wins = append(wins, pr.Windows)
 	}
 	pr := PolicyReport{Requests: rep.Requests}
@@ -241,6 +242,19 @@ func (rep *Report) oracle(cfg *config.Config) PolicyReport {
 	pr.SLOAttainment = float64(met) / float64(rep.Requests)
 	pr.GoodputRPS = float64(met) / math.Max(rep.SpanS, 1)
 	return pr
+}
+
+// summary is a replay's figures, computed once (static:best and oracle:window read every static
+// replay's).
+func (rep *Report) summary(cfg *config.Config, name string) (PolicyReport, error) {
+	if pr, ok := rep.sums[name]; ok {
+		return pr, nil
+	}
+	pr, err := rep.summarize(cfg, name, rep.runs[name])
+	if err == nil {
+		rep.sums[name] = pr
+	}
+	return pr, err
 }
 
 // summarize computes one replay's figures.

@@ -69,13 +69,7 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 					return failureErr(err)
 				}
 				sw.WriteTable(stdout, ps)
-				if reportPath != "" {
-					b, _ := json.MarshalIndent(sw, "", "  ")
-					if err := os.WriteFile(reportPath, append(b, '\n'), 0o644); err != nil {
-						return failureErr(err)
-					}
-				}
-				return nil
+				return writeOut(reportPath, nil, func(w io.Writer) error { return writeJSON(w, sw) })
 			}
 			for i := range reqs {
 				reqs[i].ArrivalS /= rateScale
@@ -99,42 +93,14 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return failureErr(err)
 			}
-			out := stdout
-			if reportPath != "" {
-				f, err := os.Create(reportPath)
-				if err != nil {
-					return failureErr(err)
-				}
-				defer f.Close()
-				out = f
+			if err := writeOut(reportPath, stdout, func(w io.Writer) error { return writeJSON(w, rep) }); err != nil {
+				return err
 			}
-			enc := json.NewEncoder(out)
-			enc.SetIndent("", "  ")
-			if err := enc.Encode(rep); err != nil {
-				return failureErr(err)
+			if err := writeOut(plotPath, nil, func(w io.Writer) error { rep.WritePlot(w); return nil }); err != nil {
+				return err
 			}
-			if plotPath != "" {
-				f, err := os.Create(plotPath)
-				if err != nil {
-					return failureErr(err)
-				}
-				rep.WritePlot(f)
-				if err := f.Close(); err != nil {
-					return failureErr(err)
-				}
-			}
-			if decisionsPath != "" {
-				f, err := os.Create(decisionsPath)
-				if err != nil {
-					return failureErr(err)
-				}
-				if err := rep.WriteDecisions(f); err != nil {
-					f.Close()
-					return failureErr(err)
-				}
-				if err := f.Close(); err != nil {
-					return failureErr(err)
-				}
+			if err := writeOut(decisionsPath, nil, rep.WriteDecisions); err != nil {
+				return err
 			}
 			return nil
 		},
@@ -168,4 +134,37 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 	f.Float64Var(&syn.PeriodS, "period-s", d.PeriodS, "diurnal: the period of the rate's sine, seconds")
 	f.Float64Var(&syn.PhaseS, "phase-s", d.PhaseS, "phases: the length of each phase (decode-heavy, prefill-heavy, decode-heavy), seconds")
 	return cmd
+}
+
+// writeOut writes one output of a command with write: to the file at path, or, when path is
+// empty, to fallback (nothing when fallback is nil). Errors are runtime failures.
+func writeOut(path string, fallback io.Writer, write func(io.Writer) error) error {
+	if path == "" {
+		if fallback == nil {
+			return nil
+		}
+		if err := write(fallback); err != nil {
+			return failureErr(err)
+		}
+		return nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return failureErr(err)
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return failureErr(fmt.Errorf("%s: %w", path, err))
+	}
+	if err := f.Close(); err != nil {
+		return failureErr(err)
+	}
+	return nil
+}
+
+// writeJSON writes v as indented JSON.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
