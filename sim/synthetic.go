@@ -1,11 +1,9 @@
 package sim
 
 import (
-	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 )
 
 // Synthetic describes a seeded synthetic workload: what the real traces lack (bursts, steps,
@@ -149,36 +147,6 @@ func poisson(rng *rand.Rand, duration float64, rate func(float64) float64, mix f
 	return out
 }
 
-// Spread spreads the requests of a trace whose arrivals are quantised to a grid of gridS
-// seconds (the Mooncake conversation trace's 3 s slots): each slot's requests get seeded uniform
-// arrivals within the slot, in their order. It returns the requests re-sorted by arrival.
-func Spread(reqs []Request, gridS float64, seed int64) []Request {
-	if gridS <= 0 {
-		return reqs
-	}
-	rng := rand.New(rand.NewPCG(uint64(seed), 0x737072656164)) // "spread"
-	out := make([]Request, 0, len(reqs))
-	for i := 0; i < len(reqs); {
-		j := i
-		for j < len(reqs) && reqs[j].ArrivalS == reqs[i].ArrivalS {
-			j++
-		}
-		at := make([]float64, j-i)
-		for k := range at {
-			at[k] = reqs[i].ArrivalS + rng.Float64()*gridS
-		}
-		slices.Sort(at)
-		for k := range at {
-			q := reqs[i+k]
-			q.ArrivalS = math.Round(at[k]*1000) / 1000
-			out = append(out, q)
-		}
-		i = j
-	}
-	sortByArrival(out)
-	return out
-}
-
 // merge interleaves two arrival-ordered request lists.
 func merge(a, b []Request) []Request {
 	out := make([]Request, 0, len(a)+len(b))
@@ -203,8 +171,3 @@ func lognormal(rng *rand.Rand, median, sigma float64) float64 {
 }
 
 func clampInt(x float64, lo, hi int) int { return min(max(int(math.Round(x)), lo), hi) }
-
-// sortByArrival sorts requests by arrival, stably.
-func sortByArrival(reqs []Request) {
-	slices.SortStableFunc(reqs, func(a, b Request) int { return cmp.Compare(a.ArrivalS, b.ArrivalS) })
-}

@@ -1,13 +1,18 @@
-// Package sim replays request traces: loading them now; the virtual-time simulator that drives
-// the router and controller against simulated engines comes with `narwhal sim`.
+// Package sim is `narwhal sim` (docs/sim.md): it replays a request trace or a synthetic
+// workload through the real router and controller in event-driven virtual time, against
+// enginesim's engine model, under several role policies side by side, and reports them.
 package sim
 
 import (
 	"bufio"
+	"cmp"
 	"compress/gzip"
 	"fmt"
 	"io"
+	"math"
+	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -95,4 +100,39 @@ func ReadTrace(r io.Reader, limit int) ([]Request, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// Spread spreads the requests of a trace whose arrivals are quantised to a grid of gridS
+// seconds (the Mooncake conversation trace's 3 s slots): each slot's requests get seeded uniform
+// arrivals within the slot, in their order. It returns the requests re-sorted by arrival.
+func Spread(reqs []Request, gridS float64, seed int64) []Request {
+	if gridS <= 0 {
+		return reqs
+	}
+	rng := rand.New(rand.NewPCG(uint64(seed), 0x737072656164)) // "spread"
+	out := make([]Request, 0, len(reqs))
+	for i := 0; i < len(reqs); {
+		j := i
+		for j < len(reqs) && reqs[j].ArrivalS == reqs[i].ArrivalS {
+			j++
+		}
+		at := make([]float64, j-i)
+		for k := range at {
+			at[k] = reqs[i].ArrivalS + rng.Float64()*gridS
+		}
+		slices.Sort(at)
+		for k := range at {
+			q := reqs[i+k]
+			q.ArrivalS = math.Round(at[k]*1000) / 1000
+			out = append(out, q)
+		}
+		i = j
+	}
+	sortByArrival(out)
+	return out
+}
+
+// sortByArrival sorts requests by arrival, stably.
+func sortByArrival(reqs []Request) {
+	slices.SortStableFunc(reqs, func(a, b Request) int { return cmp.Compare(a.ArrivalS, b.ArrivalS) })
 }
