@@ -85,7 +85,7 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 	// handoff) and leaves after its output at the pool's step, so those decoding then are
 	// counted there (alive).
 	horizon := t + q.StepS
-	for _, h := range r.waiting.all() {
+	for h := range r.waiting.all() {
 		e, _, err := r.lookup(h)
 		if err != nil || e.phase != phaseWaiting {
 			continue

@@ -174,3 +174,29 @@ func TestOfferPrefixCut(t *testing.T) {
 		t.Fatalf("the affinity index holds %d blocks of one offer, want %d", n, MaxPrefixBlocks)
 	}
 }
+
+// ring.all yields the handles in FIFO order, across the buffer's wrap.
+func TestRingAllWraps(t *testing.T) {
+	var q ring
+	for h := Handle(1); h <= 12; h++ {
+		q.push(h)
+	}
+	for range 10 {
+		q.pop()
+	}
+	for h := Handle(13); h <= 20; h++ { // wraps past the end of the 16-slot buffer
+		q.push(h)
+	}
+	var got []Handle
+	for h := range q.all() {
+		got = append(got, h)
+	}
+	if len(got) != q.len() || got[0] != 11 || got[len(got)-1] != 20 {
+		t.Fatalf("all gave %v", got)
+	}
+	for i, h := range got {
+		if h != q.at(i) {
+			t.Fatalf("all[%d] = %d, at(%d) = %d", i, h, i, q.at(i))
+		}
+	}
+}

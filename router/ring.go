@@ -26,16 +26,16 @@ func (q *ring) push(h Handle) {
 func (q *ring) at(i int) Handle { return q.buf[(q.head+i)%len(q.buf)] }
 
 // all iterates the handles in FIFO order.
-func (q *ring) all() iter.Seq2[int, Handle] {
-	return func(yield func(int, Handle) bool) {
+func (q *ring) all() iter.Seq[Handle] {
+	return func(yield func(Handle) bool) {
 		first := min(q.size, len(q.buf)-q.head)
-		for i, h := range q.buf[q.head : q.head+first] {
-			if !yield(i, h) {
+		for _, h := range q.buf[q.head : q.head+first] {
+			if !yield(h) {
 				return
 			}
 		}
-		for i, h := range q.buf[:q.size-first] {
-			if !yield(first+i, h) {
+		for _, h := range q.buf[:q.size-first] {
+			if !yield(h) {
 				return
 			}
 		}

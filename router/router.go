@@ -539,8 +539,8 @@ func (r *Router) reproject(t float64) {
 	for i := range r.engines {
 		r.engines[i].waitWork = 0
 	}
-	for i := 0; i < r.waiting.len(); i++ {
-		e, _, err := r.lookup(r.waiting.at(i))
+	for h := range r.waiting.all() {
+		e, _, err := r.lookup(h)
 		if err != nil || e.phase != phaseWaiting {
 			continue
 		}
