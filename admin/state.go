@@ -61,6 +61,9 @@ type EngineState struct {
 	BusyUntilS       float64           `json:"busy_until_s"`
 	Correction       router.Correction `json:"correction"`
 	Passive          router.Passive    `json:"passive"` // passive health: upstream failures in a row, ejected
+	// Prepared marks the decode donor the controller is preparing for a move to prefill: no new
+	// decode streams while another decode engine has room (docs/role-control.md, section 7).
+	Prepared bool `json:"prepared"`
 }
 
 // EvidenceWindow is the arrival-evidence window (docs/role-control.md section 7).
@@ -85,7 +88,7 @@ func fleetState(st *State, snap *fleet.Snapshot, loads []router.EngineLoad) {
 		es := engineState(&e)
 		if l := byID[e.ID]; l != nil {
 			es.PrefillResidents, es.DecodeResidents, es.ReservedStreams = l.PrefillResidents, l.DecodeResidents, l.ReservedStreams
-			es.BusyUntilS, es.Correction, es.Passive = l.BusyUntilS, l.Correction, l.Passive
+			es.BusyUntilS, es.Correction, es.Passive, es.Prepared = l.BusyUntilS, l.Correction, l.Passive, l.Prepared
 		}
 		st.Engines = append(st.Engines, es)
 	}

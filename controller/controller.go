@@ -366,14 +366,23 @@ func (c *Controller) base(s *state, caller string) Decision {
 	return d
 }
 
-// decide turns gated candidate into an outcome: moved, blocked, or advisory.
+// decide turns gated candidate into an outcome: moved, blocked, or advisory. A move to prefill
+// that only flip_resident_guard blocks prepares its donor (Decision.Prepare), unless advisory.
 func (c *Controller) decide(d Decision, cand *candidate) Decision {
+	var failed []Gate
 	for _, g := range d.Gates {
 		if !g.Passed {
-			d.Outcome = OutcomeBlocked
-			d.Reason += "; blocked by " + g.Name
-			return c.advise(d, &g)
+			failed = append(failed, g)
 		}
+	}
+	if len(failed) > 0 {
+		d.Outcome = OutcomeBlocked
+		d.Reason += "; blocked by " + failed[0].Name
+		if len(failed) == 1 && failed[0].Name == GateFlipResidentGuard && !c.cfg.Advisory {
+			d.Prepare = cand.donor.ID
+			d.Reason += "; preparing " + d.Prepare
+		}
+		return c.advise(d, &failed[0])
 	}
 	d.Switch = "routing"
 	from, to := cand.donor.Role.String(), fleet.Prefill.String()

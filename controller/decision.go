@@ -45,23 +45,27 @@ const (
 // Decision is one evaluation's record (the decision log's "decision" line): enough for a
 // reader to re-check it without the code.
 type Decision struct {
-	Kind           string     `json:"kind"` // always "decision"
-	TimeS          float64    `json:"time_s"`
-	Seq            uint64     `json:"seq"`
-	Caller         string     `json:"caller"`
-	Reason         string     `json:"reason"`
-	Advisory       bool       `json:"advisory"`
-	SplitBefore    Split      `json:"split_before"`
-	SplitAfter     Split      `json:"split_after"`
-	Inputs         Inputs     `json:"inputs"`
-	Candidates     []Priced   `json:"candidates"`
-	Gates          []Gate     `json:"gates"`
-	Outcome        string     `json:"outcome"`
-	AdvisoryResult string     `json:"advisory_result,omitempty"`
-	Moves          []Move     `json:"moves"`
-	Direction      string     `json:"direction,omitempty"` // to_prefill or to_decode, when a move was considered
-	Switch         string     `json:"switch,omitempty"`    // how the moved engine changes role: routing
-	Confirmations  *Confirmed `json:"confirmations,omitempty"`
+	Kind           string   `json:"kind"` // always "decision"
+	TimeS          float64  `json:"time_s"`
+	Seq            uint64   `json:"seq"`
+	Caller         string   `json:"caller"`
+	Reason         string   `json:"reason"`
+	Advisory       bool     `json:"advisory"`
+	SplitBefore    Split    `json:"split_before"`
+	SplitAfter     Split    `json:"split_after"`
+	Inputs         Inputs   `json:"inputs"`
+	Candidates     []Priced `json:"candidates"`
+	Gates          []Gate   `json:"gates"`
+	Outcome        string   `json:"outcome"`
+	AdvisoryResult string   `json:"advisory_result,omitempty"`
+	Moves          []Move   `json:"moves"`
+	Direction      string   `json:"direction,omitempty"` // to_prefill or to_decode, when a move was considered
+	Switch         string   `json:"switch,omitempty"`    // how the moved engine changes role: routing
+	// Prepare is the decode donor held out of new decode placements (while the other decode
+	// engines have room) because flip_resident_guard alone blocked its move to prefill, so that
+	// a later evaluation finds it light enough (docs/role-control.md, "Preparing a donor").
+	Prepare       string     `json:"prepare,omitempty"`
+	Confirmations *Confirmed `json:"confirmations,omitempty"`
 }
 
 // Split is a split's size.

@@ -174,15 +174,13 @@ func (d *driver) evaluate(now time.Time, verbose bool, b *strings.Builder) {
 				fmt.Fprintf(b, "  gate %s %s: %s\n", g.Name, mark, g.Detail)
 			}
 		}
+		moves := len(dec.Moves)
+		ApplyDecision(d.fleet, d.r, &dec, now, nil) // as Live and the simulator apply it
+		if len(dec.Moves) != moves {
+			d.t.Fatalf("the fleet refused a move of decision %d: %s", dec.Seq, dec.Reason)
+		}
 		for _, m := range dec.Moves {
 			fmt.Fprintf(b, "  move %s %s -> %s\n", m.Engine, m.From, m.To)
-			role, err := fleet.ParseRole(m.To)
-			if err != nil {
-				d.t.Fatal(err)
-			}
-			if _, err := d.fleet.SetRole(m.Engine, role, now, fmt.Sprintf("decision %d", dec.Seq)); err != nil {
-				d.t.Fatalf("applying decision %d: %v", dec.Seq, err)
-			}
 		}
 		d.log.Decision(&dec) // after its moves' fleet events, as Live logs it
 		d.r.SetFleet(now, d.fleet.Snapshot())

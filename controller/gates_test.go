@@ -56,3 +56,9 @@ func TestGate_ResidentOwnership_Allows(t *testing.T) { runScript(t, toPrefillAll
 func TestGate_DecodeStability_AllowsAfterTimeout(t *testing.T) {
 	runScript(t, "testdata/gates.d/decode_stability_after_timeout")
 }
+
+// A move that only flip_resident_guard blocks prepares its donor; the move follows once the
+// donor's residents are within the guard.
+func TestGate_FlipResidentGuard_PreparesTheDonor(t *testing.T) {
+	runScript(t, "testdata/gates.d/flip_resident_guard_prepares")
+}

@@ -195,13 +195,33 @@ func (l *Live) publish(d *Decision, took time.Duration) {
 }
 
 // apply makes a decision's moves in the fleet at the decision's time; l.mu is held.
-func (l *Live) apply(d *Decision, now time.Time) { ApplyDecision(l.fleet, d, now, l.log) }
+func (l *Live) apply(d *Decision, now time.Time) {
+	ApplyDecision(l.fleet, livePreparer{l.router}, d, now, l.log)
+}
 
-// ApplyDecision makes a decision's moves in the fleet at now (the decision's time), as the live
-// wrapper and the simulator do. A move the fleet refuses (an engine an operator pinned in
-// between) is logged and left out of the record, whose outcome and split say what happened.
-// log may be nil.
-func ApplyDecision(f *fleet.Fleet, d *Decision, now time.Time, log *slog.Logger) {
+// Preparer is the placement side of a decision (router.Router implements it): the decode donor
+// being prepared, or "" for none (Decision.Prepare).
+type Preparer interface {
+	Prepare(engine string)
+}
+
+var _ Preparer = (*router.Router)(nil)
+
+// livePreparer prepares on the live router, under its lock.
+type livePreparer struct{ r Router }
+
+func (p livePreparer) Prepare(engine string) {
+	p.r.Do(func(_ time.Time, r *router.Router) { r.Prepare(engine) })
+}
+
+// ApplyDecision makes a decision's moves in the fleet at now (the decision's time), and hands
+// a regular or urgent evaluation's prepared donor (or none) to placement, as the live wrapper
+// and the simulator do. A move the fleet refuses (an engine an operator pinned in between) is
+// logged and left out of the record, whose outcome and split say what happened. log may be nil.
+func ApplyDecision(f *fleet.Fleet, p Preparer, d *Decision, now time.Time, log *slog.Logger) {
+	if d.Caller == CallerRegular || d.Caller == CallerUrgent {
+		defer p.Prepare(d.Prepare)
+	}
 	kept := d.Moves[:0]
 	for _, m := range d.Moves {
 		role, err := fleet.ParseRole(m.To)

@@ -1,18 +1,24 @@
 package router
 
-// sample is one admitted offer as demand: (time, prompt tokens, expected output tokens).
+// sample is one admitted offer as demand: (time, prompt tokens, expected output tokens). A
+// request without max_tokens has no output of its own (output 0, estimated): its expected output
+// is the running mean of observed output lengths when the estimate is read, not when it arrived.
+// Otherwise, as the mean climbs from its first (short) observations, recent samples would carry
+// larger estimates than old ones and the short horizon would read as rising output demand — a
+// consolidation trend made by the estimator (docs/role-control.md, "Demand").
 type sample struct {
-	t      float64
-	prompt int64
-	output int64
+	t         float64
+	prompt    int64
+	output    int64
+	estimated bool
 }
 
 // window is one demand horizon over a shared sample ring: the sums of the samples newer than
-// now - horizon.
+// now - horizon. output sums the explicit samples; estimated counts the others.
 type window struct {
 	horizon        float64
 	start          int // index (in ring order) of the oldest sample inside the window
-	n              int
+	n, estimated   int
 	prompt, output int64
 }
 
@@ -30,6 +36,7 @@ func newDemand(shortS, longS float64) demand {
 
 func (d *demand) at(i int) *sample { return &d.ring[(d.head+i)%len(d.ring)] }
 
+// add records an arrival; output < 0 marks a request without max_tokens (its output estimated).
 func (d *demand) add(t float64, prompt, output int64) {
 	if d.count == len(d.ring) {
 		grown := make([]sample, 2*len(d.ring))
@@ -38,16 +45,21 @@ func (d *demand) add(t float64, prompt, output int64) {
 		}
 		d.ring, d.head = grown, 0
 	}
-	*d.at(d.count) = sample{t: t, prompt: prompt, output: output}
+	s := sample{t: t, prompt: prompt, output: max(output, 0), estimated: output < 0}
+	*d.at(d.count) = s
 	d.count++
-	d.short.push(prompt, output)
-	d.long.push(prompt, output)
+	d.short.push(s, 1)
+	d.long.push(s, 1)
 }
 
-func (w *window) push(prompt, output int64) {
-	w.n++
-	w.prompt += prompt
-	w.output += output
+// push adds (sign 1) or removes (sign -1) a sample's sums.
+func (w *window) push(s sample, sign int) {
+	w.n += sign
+	w.prompt += int64(sign) * s.prompt
+	w.output += int64(sign) * s.output
+	if s.estimated {
+		w.estimated += sign
+	}
 }
 
 // expireWindow moves the window's start past the samples older than now - horizon.
@@ -57,9 +69,7 @@ func (d *demand) expireWindow(w *window, now float64) {
 		if s.t > now-w.horizon {
 			return
 		}
-		w.n--
-		w.prompt -= s.prompt
-		w.output -= s.output
+		w.push(*s, -1)
 		w.start++
 	}
 }
@@ -80,22 +90,23 @@ func (d *demand) expire(now float64) {
 // router started): the horizon, or less while the router is younger than it, so that under
 // constant load the short and long estimates agree from the start (issue 8). The time covered
 // is at least minCoveredS (or the horizon, if shorter), so that the first arrivals do not read
-// as a burst.
-func (w *window) rates(now float64) Rates {
+// as a burst. mean is the expected output of an estimated sample.
+func (w *window) rates(now float64, mean int64) Rates {
 	covered := min(w.horizon, max(now, min(w.horizon, minCoveredS)))
 	return Rates{
 		ArrivalsPerS:     float64(w.n) / covered,
 		PromptTokensPerS: float64(w.prompt) / covered,
-		OutputTokensPerS: float64(w.output) / covered,
+		OutputTokensPerS: float64(w.output+int64(w.estimated)*mean) / covered,
 	}
 }
 
 // minCoveredS is the shortest time a demand estimate is averaged over.
 const minCoveredS = 1.0
 
-// estimate returns the short, long and priced demand at now (after expiring old samples).
-func (d *demand) estimate(now float64) Demand {
+// estimate returns the short, long and priced demand at now (after expiring old samples); mean
+// is the expected output of a request without max_tokens.
+func (d *demand) estimate(now float64, mean int64) Demand {
 	d.expire(now)
-	s, l := d.short.rates(now), d.long.rates(now)
+	s, l := d.short.rates(now, mean), d.long.rates(now, mean)
 	return Demand{Short: s, Long: l, Priced: s.Max(l)}
 }

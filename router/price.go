@@ -61,7 +61,9 @@ func (r *Router) CurrentSplit() Split {
 }
 
 // Demand is the short, long and priced demand at now.
-func (r *Router) Demand(now time.Time) Demand { return r.demand.estimate(r.at(now)) }
+func (r *Router) Demand(now time.Time) Demand {
+	return r.demand.estimate(r.at(now), r.expectedOutput())
+}
 
 // Price prices each split of q at now, in q's order: the waiting set and the priced demand of
 // the next q.StepS seconds are list-scheduled in FIFO order onto the split's prefill engines
@@ -79,12 +81,13 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 			target = e
 		}
 	}
-	ss := r.pricing.load(r, t, q.Splits)
 	// The decode pool is priced at the horizon, when the probe arrives: a waiting request's
 	// output work lands on it when its first token appears (its projected prefill end and the
 	// handoff) and leaves after its output at the pool's step, so those decoding then are
-	// counted there (alive).
+	// counted there (alive); so are the residents (and the streams reserved by requests
+	// prefilling) still decoding then.
 	horizon := t + q.StepS
+	ss := r.pricing.load(r, t, horizon, q.Splits)
 	for h := range r.waiting.all() {
 		e, _, err := r.lookup(h)
 		if err != nil || e.phase != phaseWaiting {
@@ -103,7 +106,7 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 			}
 		}
 	}
-	d := r.demand.estimate(t).Priced
+	d := r.demand.estimate(t, r.expectedOutput()).Priced
 	meanPrompt, meanOutput := ProbePromptTokens, 0.0
 	if d.ArrivalsPerS > 0 {
 		meanPrompt = max(1, int(d.PromptTokensPerS/d.ArrivalsPerS))
@@ -161,10 +164,11 @@ func (sp *splitSched) alive(first, output, horizon float64) bool {
 }
 
 // load prepares one scheduler per split at t: its prefill engines, each free when freeAt
-// says (whatever its role now), its decode engines with their residents, and the handoff
-// every projected TTFT adds after the prefill: the KV transfer and one decode step on the
-// fastest decode engine (+Inf without one).
-func (p *pricing) load(r *Router, t float64, splits []Split) []splitSched {
+// says (whatever its role now), its decode engines with their residents decoding at the
+// horizon (residents), and the handoff every projected TTFT adds after the prefill: the KV
+// transfer and one decode step on the fastest decode engine (+Inf without one).
+func (p *pricing) load(r *Router, t, horizon float64, splits []Split) []splitSched {
+	p.residents(r, t, horizon)
 	for len(p.splits) < len(splits) {
 		p.splits = append(p.splits, splitSched{})
 	}
@@ -186,7 +190,7 @@ func (p *pricing) load(r *Router, t float64, splits []Split) []splitSched {
 		}
 		for _, i := range sp.dec {
 			e := &r.engines[i]
-			sp.decode.add(e.prof.Decode, e.corr[1], e.streams, e.kv, i)
+			sp.decode.add(e.prof.Decode, e.corr[1], p.streams[i], p.kv[i], i)
 			step = min(step, e.stepSeconds(e.streams+1, e.kv))
 		}
 		sp.handoff, sp.step = kv+step, step
@@ -222,8 +226,8 @@ func (r *Router) priceDecode(sp *splitSched) float64 {
 		}
 	}
 	for _, i := range sp.pool { // donors keep their residents until they drain
-		if e := &r.engines[i]; e.streams > 0 && e.prof.Decode != nil {
-			worst = max(worst, e.stepSeconds(e.streams, e.kv))
+		if e, n := &r.engines[i], r.pricing.streams[i]; n > 0 && e.prof.Decode != nil {
+			worst = max(worst, e.stepSeconds(n, r.pricing.kv[i]))
 		}
 	}
 	return worst
@@ -253,7 +257,38 @@ func classOf(corr float64) int64 { return int64(math.Round(math.Log(corr) / math
 
 // pricing holds the schedulers' storage between calls (Price allocates only its result once
 // grown): one splitSched per split of a query.
-type pricing struct{ splits []splitSched }
+type pricing struct {
+	splits []splitSched
+	// streams and kv are each engine's resident streams (decoding, or reserved by a request
+	// still prefilling) that are decoding at the horizon, and the KV tokens they reserve.
+	streams []int
+	kv      []int64
+}
+
+// residents counts, per decode engine, the dispatched streams decoding at the horizon: those
+// whose first token has come or comes by then and whose projected end (residentEnd) is later.
+func (p *pricing) residents(r *Router, t, horizon float64) {
+	n := len(r.engines)
+	if len(p.streams) < n {
+		p.streams, p.kv = make([]int, n), make([]int64, n)
+	}
+	p.streams, p.kv = p.streams[:n], p.kv[:n]
+	clear(p.streams)
+	clear(p.kv)
+	for i := range r.slots {
+		e := &r.slots[i]
+		if (e.phase != phasePrefilling && e.phase != phaseDecoding) || e.decode < 0 {
+			continue
+		}
+		if e.phase == phasePrefilling && e.projFirst > horizon {
+			continue
+		}
+		if r.residentEnd(t, e) > horizon {
+			p.streams[e.decode]++
+			p.kv[e.decode] += e.kv
+		}
+	}
+}
 
 // splitSched prices one split of a query: its pools, its schedulers and what the walk of the
 // waiting set found.

@@ -2,9 +2,11 @@ package router
 
 import (
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
 )
 
 // Issue 8: priced demand is injected in expectation, fractions included: 1.9 requests/s over a
@@ -198,5 +200,82 @@ func TestRingAllWraps(t *testing.T) {
 		if h != q.at(i) {
 			t.Fatalf("all[%d] = %d, at(%d) = %d", i, h, i, q.at(i))
 		}
+	}
+}
+
+// A prepared donor takes new streams only when no other decode engine has room; Prepare("")
+// or a role change ends the preparation; the snapshot shows it.
+func TestPrepareHoldsTheDonorOutOfDecodePlacement(t *testing.T) {
+	cfg := config.Default()
+	p := cfg.Profiles[config.DefaultProfileName]
+	dc := *p.Decode
+	dc.MaxStreams = 2
+	p.Decode = &dc
+	cfg.Profiles[config.DefaultProfileName] = p
+	r := testRouter(t, cfg, "p1 prefill", "d1 decode", "d2 decode")
+	r.Prepare("d1")
+	var decodes []string
+	for k := 0; k < 4; k++ {
+		now := at(float64(k))
+		o := r.Offer(now, Offer{ID: "r", PromptTokens: 10, MaxTokens: 10})
+		if o.Status != Dispatched {
+			t.Fatalf("offer %d: %+v", k, o)
+		}
+		decodes = append(decodes, o.Placement.Decode)
+		_ = r.FirstToken(now, o.Handle)
+	}
+	// d2 first (d1 is prepared) until d2 is full at two streams, then d1.
+	if want := []string{"d2", "d2", "d1", "d1"}; !slices.Equal(decodes, want) {
+		t.Fatalf("decode placements %v, want %v", decodes, want)
+	}
+	if s := r.Snapshot(at(4)); !s.Engines[1].Prepared || s.Engines[2].Prepared {
+		t.Fatalf("snapshot: %+v", s.Engines)
+	}
+	r.Prepare("")
+	if s := r.Snapshot(at(4)); s.Engines[1].Prepared {
+		t.Fatal(`Prepare("") left d1 prepared`)
+	}
+	r.Prepare("p1") // not a decode engine: nothing is prepared
+	if s := r.Snapshot(at(4)); s.Engines[0].Prepared {
+		t.Fatal("a prefill engine was prepared")
+	}
+	r.Prepare("d2")
+	fl, err := fleet.New(cfg, epoch) // testRouter's engines, as configured
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fl.SetRole("d2", fleet.Prefill, at(5), "test"); err != nil {
+		t.Fatal(err)
+	}
+	r.SetFleet(at(5), fl.Snapshot())
+	if s := r.Snapshot(at(5)); s.Engines[2].Prepared {
+		t.Fatal("d2 stayed prepared after its move to prefill")
+	}
+}
+
+// The decode pool is priced at the horizon for residents too: a resident that finishes before
+// it does not load the pool then. Before, every resident counted, and a decode pool whose
+// streams were all about to end priced as loaded as now (narwhal sim, synthetic step: +Inf for
+// a 5P/3D split the static replay runs at 100% attainment, and a move reversed at once).
+func TestPriceCountsResidentsDecodingAtTheHorizon(t *testing.T) {
+	r := testRouter(t, config.Default(), "p1 prefill", "d1 decode")
+	for k := 0; k < 20; k++ { // 20 streams of 5 tokens: done in well under a second
+		now := at(float64(k) * 0.001)
+		o := r.Offer(now, Offer{ID: "short", PromptTokens: 10, MaxTokens: 5})
+		_ = r.FirstToken(now, o.Handle)
+	}
+	long := r.Offer(at(0.05), Offer{ID: "long", PromptTokens: 10, MaxTokens: 100000})
+	_ = r.FirstToken(at(0.05), long.Handle)
+	now := at(130) // past the demand's horizons: nothing but the residents is priced
+	if s := r.Snapshot(now); s.Engines[1].DecodeResidents != 21 {
+		t.Fatalf("d1 decodes %d streams, want 21", s.Engines[1].DecodeResidents)
+	}
+	ps, _ := r.Price(now, Query{Splits: []Split{r.CurrentSplit()}, StepS: 5})
+	// The short streams are projected done (no completion seen yet): only the long one
+	// decodes at the horizon.
+	e := &r.engines[1]
+	one := e.stepSeconds(1, 10+100000) / r.slo.TPOTS
+	if math.Abs(ps[0].TPOTRatio-one) > 1e-9 {
+		t.Fatalf("tpot_ratio %.6f, want %.6f (the one stream decoding at the horizon)", ps[0].TPOTRatio, one)
 	}
 }

@@ -90,6 +90,7 @@ type engine struct {
 	prefillEnd float64 // when its last observed prefill ended (first token less the handoff)
 	failStreak int     // upstream failures in a row of requests sent to this engine
 	ejected    bool    // passive health took it out of placement; cleared once the fleet agrees
+	prepared   bool    // a decode donor being prepared (Prepare): new streams go elsewhere when they fit
 }
 
 func (e *engine) prefillSeconds(tokens int) float64 {
@@ -217,6 +218,7 @@ func (r *Router) SetFleet(now time.Time, snap fleet.Snapshot) {
 			}
 		}
 		e.role, e.live, e.addr, e.drainOK = fe.Role, live, fe.Addr, false
+		e.prepared = e.prepared && e.role == fleet.Decode && e.live
 	}
 	r.updateFallback(t)
 	r.rebuildPools()
@@ -290,7 +292,11 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 	}
 
 	r.counters.Admitted++
-	r.demand.add(t, prompt, out)
+	if explicit {
+		r.demand.add(t, prompt, out)
+	} else {
+		r.demand.add(t, prompt, -1)
+	}
 	slot := r.alloc()
 	e := &r.slots[slot]
 	*e = entry{gen: e.gen, phase: phaseAdmitted, prompt: prompt, output: out, explicit: explicit, nonStream: o.NonStreaming,
@@ -490,24 +496,44 @@ func (r *Router) resetPrefix() {
 }
 
 // bestDecode is the live decode engine with the lowest projected seconds per token for one
-// more stream reserving need KV tokens, among those within stream and KV capacity. With mustFit
-// false and none within capacity it returns the lowest of all (for projections); -1 when none.
+// more stream reserving need KV tokens, among those within stream and KV capacity; a prepared
+// donor (Prepare) only when no other fits. With mustFit false and none within capacity it
+// returns the lowest of all (for projections); -1 when none.
 func (r *Router) bestDecode(need int64, mustFit bool) int {
-	best, bestFit := -1, false
+	best, bestTier := -1, -1
 	step := math.Inf(1)
 	for _, i16 := range r.decodePool {
 		i := int(i16)
 		e := &r.engines[i]
-		fit := e.fits(need)
-		if mustFit && !fit {
+		tier := 0 // 2: fits; 1: fits but prepared; 0: beyond capacity
+		if e.fits(need) {
+			tier = 1
+			if !e.prepared {
+				tier = 2
+			}
+		}
+		if mustFit && tier == 0 {
 			continue
 		}
 		s := e.stepSeconds(e.streams+1, e.kv+need)
-		if (fit && !bestFit) || (fit == bestFit && s < step) {
-			best, bestFit, step = i, fit, s
+		if tier > bestTier || (tier == bestTier && s < step) {
+			best, bestTier, step = i, tier, s
 		}
 	}
 	return best
+}
+
+// Prepare marks the decode engine id as a donor being prepared for a move to prefill (the
+// controller's decision names it, docs/role-control.md, "Preparing a donor"): new streams go to
+// the other decode engines whenever one of them has room, so its residents drain below
+// controller.thresholds.flip_resident_guard. At most one engine is prepared; "" (or an engine
+// that is not a live decode engine) prepares none. Placement only: pricing, pools and residents
+// are unchanged.
+func (r *Router) Prepare(id string) {
+	for i := range r.engines {
+		e := &r.engines[i]
+		e.prepared = e.id == id && e.role == fleet.Decode && e.live
+	}
 }
 
 // enqueue puts an admitted offer at the tail of the waiting set with its projected engine.
@@ -1057,7 +1083,7 @@ func (r *Router) Snapshot(now time.Time) Snapshot {
 			Waiting: r.nWaiting, WaitingTokens: r.waitingTokens, Prefilling: r.nPrefilling,
 			AwaitingOutputTokens: r.awaitingOutput, Decoding: r.nDecoding,
 		},
-		Demand:  r.demand.estimate(t),
+		Demand:  r.demand.estimate(t, r.expectedOutput()),
 		Engines: make([]EngineLoad, len(r.engines)),
 	}
 	s.Retained.Samples = r.demand.long.n
@@ -1066,7 +1092,7 @@ func (r *Router) Snapshot(now time.Time) Snapshot {
 		s.Engines[i] = EngineLoad{
 			ID: e.id, PrefillResidents: e.prefilling, DecodeResidents: e.decoding, ReservedStreams: e.streams - e.decoding,
 			BusyUntilS: r.prefillFree(t, i) - t, Correction: Correction{Prefill: e.corr[0], Decode: e.corr[1], PrefillSamples: e.samples[0], DecodeSamples: e.samples[1]},
-			Fallback: i == int(r.fallback), Passive: Passive{ConsecutiveFailures: e.failStreak, Ejected: e.ejected},
+			Fallback: i == int(r.fallback), Prepared: e.prepared, Passive: Passive{ConsecutiveFailures: e.failStreak, Ejected: e.ejected},
 		}
 	}
 	if r.fallback >= 0 {

@@ -103,6 +103,7 @@ type EngineLoad struct {
 	BusyUntilS       float64    `json:"busy_until_s"`     // projected prefill work left, seconds from now
 	Correction       Correction `json:"correction"`
 	Fallback         bool       `json:"fallback,omitempty"`
+	Prepared         bool       `json:"prepared,omitempty"` // a donor the controller is preparing (Router.Prepare)
 	Passive          Passive    `json:"passive"`
 }
 

@@ -536,7 +536,7 @@ func (s *run) evaluate() {
 		if !ok {
 			return
 		}
-		controller.ApplyDecision(s.f, &d, s.now, nil)
+		controller.ApplyDecision(s.f, s.r, &d, s.now, nil)
 		s.log.Decision(&d)
 		if len(d.Moves) > 0 {
 			s.syncFleet()
