@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
-// headerPrefiller names the prefill engine (host:port) of a disaggregated request, in llm-d's
-// decode-sidecar convention: the engine that receives the request asks the named prefiller for
-// the prompt's KV, then decodes locally.
-const headerPrefiller = "x-prefiller-host-port"
+// headerPrefiller (wire.HeaderPrefiller) names the prefill engine (host:port) of a
+// disaggregated request, in llm-d's decode-sidecar convention: the engine that receives the
+// request asks the named prefiller for the prompt's KV, then decodes locally.
+const headerPrefiller = wire.HeaderPrefiller
 
 // prefillRemote asks the prefiller at hostport to prefill the request: the same path and body,
 // but one output token, no streaming, and kv_transfer_params {"do_remote_decode": true}. It

@@ -1,5 +1,6 @@
-// Package envoy is Narwhal's edge towards Envoy: the xDS server, translating fleet state into
-// EDS/CDS resources with role metadata, and Envoy YAML validation helpers.
+// Package envoy is Narwhal's runtime edge towards Envoy: the xDS server, translating fleet state
+// into EDS/CDS resources with role metadata. The offline Envoy YAML tooling (bootstrap
+// generation, validation, lint) is package envoy/bootstrap; the names both share are package wire.
 //
 // The xDS server (Server) serves ADS over gRPC, state of the world and delta, to any node:
 // clusters <prefix>-prefill, <prefix>-decode and <prefix>-engines, and one

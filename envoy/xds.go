@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
 // Version prefixes of the two resource types; each type counts its own versions, so a new EDS
@@ -39,7 +40,7 @@ const (
 // versions the type on its own, marshals each resource once for every stream, and remembers
 // per stream which resource versions were sent. Every node sees the same caches.
 type Server struct {
-	names ClusterNames
+	names wire.ClusterNames
 	fleet *fleet.Fleet
 	log   *slog.Logger
 
@@ -84,7 +85,7 @@ func NewServer(prefix string, f *fleet.Fleet, log *slog.Logger, reg prometheus.R
 	}
 	cpLog := cpLogger{log.With("component", "xds")}
 	s := &Server{
-		names:   Names(prefix),
+		names:   wire.Names(prefix),
 		fleet:   f,
 		log:     log,
 		cds:     cache.NewLinearCache(resource.ClusterType, cache.WithVersionPrefix(cdsVersionPrefix), cache.WithLogger(cpLog)),

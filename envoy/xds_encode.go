@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
 // encoder builds the published assignments from the wire encoding of each endpoint, kept from
@@ -43,14 +44,14 @@ func newEncoder() *encoder {
 }
 
 // assignments encodes the assignments of names selected by which, from the members m.
-func (e *encoder) assignments(names ClusterNames, m []member, which [3]bool) []*endpointv3.ClusterLoadAssignment {
+func (e *encoder) assignments(names wire.ClusterNames, m []member, which [3]bool) []*endpointv3.ClusterLoadAssignment {
 	next := make(map[member][]byte, len(m))
 	lb := map[fleet.Role]*structpb.Struct{}
 	for i := range m {
 		b, ok := e.endpoints[m[i]]
 		if !ok {
 			if lb[m[i].role] == nil {
-				lb[m[i].role] = &structpb.Struct{Fields: map[string]*structpb.Value{"role": structpb.NewStringValue(m[i].role.String())}}
+				lb[m[i].role] = &structpb.Struct{Fields: map[string]*structpb.Value{wire.LBRoleKey: structpb.NewStringValue(m[i].role.String())}}
 			}
 			var err error
 			if b, err = deterministicMarshal.Marshal(lbEndpoint(&m[i], lb[m[i].role])); err != nil {
@@ -62,7 +63,7 @@ func (e *encoder) assignments(names ClusterNames, m []member, which [3]bool) []*
 	e.endpoints = next
 
 	var out []*endpointv3.ClusterLoadAssignment
-	for c, name := range names.list() {
+	for c, name := range names.List() {
 		if !which[c] {
 			continue
 		}

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
 // TestEncoderMatchesTranslate: the assignments the server publishes marshal to exactly the
@@ -16,7 +17,7 @@ import (
 func TestEncoderMatchesTranslate(t *testing.T) {
 	f := mixedFleet(t)
 	enc := newEncoder()
-	names := Names("narwhal")
+	names := wire.Names("narwhal")
 	check := func(step string) {
 		t.Helper()
 		snap := f.Snapshot()

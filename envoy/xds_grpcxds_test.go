@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
 // testEngine is a small gRPC server (the health service) standing in for an engine; it counts
@@ -121,7 +122,7 @@ func TestGRPCXDSClient(t *testing.T) {
 		engineSpec{"e4", eng[3].addr, "decode", false},
 	)
 	mustEngine(t)(f.Drain("e4", xdsEpoch, "admin"))
-	ts := startServer(t, f, withTestRoute(t, "narwhal-test", Names("narwhal").Decode))
+	ts := startServer(t, f, withTestRoute(t, "narwhal-test", wire.Names("narwhal").Decode))
 
 	bootstrap := fmt.Sprintf(`{
 		"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],

@@ -14,36 +14,19 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
-// Names of the metadata Narwhal sets on every LbEndpoint, and of the one locality every
-// ClusterLoadAssignment has (grpc-go's xDS client rejects a locality without region and zone).
+// The one locality every ClusterLoadAssignment has (grpc-go's xDS client rejects a locality
+// without region and zone), and the clusters' connect timeout. The wire names (metadata
+// namespaces, cluster names) are package wire's.
 const (
-	// MetadataNamespace is the filter_metadata key of {"role", "engine_id", "lifecycle", "pinned"}.
-	MetadataNamespace = "narwhal"
-	// LBNamespace is the filter_metadata key Envoy's subset load balancer reads; it holds {"role"}.
-	LBNamespace = "envoy.lb"
 	// LocalityRegion and LocalityZone name the single locality of every assignment.
 	LocalityRegion = "narwhal"
 	LocalityZone   = "local"
 	// ConnectTimeout is the connect timeout of every cluster.
 	ConnectTimeout = time.Second
 )
-
-// ClusterNames are the three EDS clusters of a cluster prefix (config xds.cluster_prefix).
-type ClusterNames struct {
-	Prefill string // every engine whose role is prefill, whatever its lifecycle
-	Decode  string // every engine whose role is decode, whatever its lifecycle
-	Engines string // every engine
-}
-
-// Names returns the cluster names of prefix: <prefix>-prefill, <prefix>-decode, <prefix>-engines.
-func Names(prefix string) ClusterNames {
-	return ClusterNames{Prefill: prefix + "-prefill", Decode: prefix + "-decode", Engines: prefix + "-engines"}
-}
-
-// list returns the names in resource order: prefill, decode, engines.
-func (n ClusterNames) list() [3]string { return [3]string{n.Prefill, n.Decode, n.Engines} }
 
 // Resources is the xDS translation of one fleet snapshot: a value, built fresh, never changed
 // afterwards (messages may share sub-messages, such as an LbEndpoint listed in a role's
@@ -69,11 +52,11 @@ type Skipped struct {
 // Translate builds the clusters and assignments of one fleet snapshot. The same snapshot gives
 // the same resources: endpoints are in fleet order.
 func Translate(prefix string, s *fleet.Snapshot) Resources {
-	names := Names(prefix)
+	names := wire.Names(prefix)
 	m, skipped := fleetMembers(s.Engines)
 	r := Resources{FleetVersion: s.Version, Clusters: Clusters(prefix), Skipped: skipped}
 	eps := buildEndpoints(m)
-	for i, name := range names.list() {
+	for i, name := range names.List() {
 		r.Assignments = append(r.Assignments, buildAssignment(name, pickEndpoints(m, eps, i)))
 	}
 	return r
@@ -84,14 +67,14 @@ func Translate(prefix string, s *fleet.Snapshot) Resources {
 // healthy). The engines cluster adds subset load balancing on the endpoints' envoy.lb "role";
 // the role clusters hold nothing grpc-go's xDS client rejects.
 func Clusters(prefix string) []*clusterv3.Cluster {
-	names := Names(prefix)
+	names := wire.Names(prefix)
 	engines := edsCluster(names.Engines)
 	engines.LbSubsetConfig = &clusterv3.Cluster_LbSubsetConfig{
 		// A route without metadata_match uses every engine; a route that asks for a role gets
 		// only that role's engines, and no fallback when there is none.
 		FallbackPolicy: clusterv3.Cluster_LbSubsetConfig_ANY_ENDPOINT,
 		SubsetSelectors: []*clusterv3.Cluster_LbSubsetConfig_LbSubsetSelector{{
-			Keys:           []string{"role"},
+			Keys:           []string{wire.LBRoleKey},
 			FallbackPolicy: clusterv3.Cluster_LbSubsetConfig_LbSubsetSelector_NO_FALLBACK,
 		}},
 	}
@@ -175,7 +158,7 @@ func buildEndpoints(m []member) []*endpointv3.LbEndpoint {
 	lb := map[fleet.Role]*structpb.Struct{}
 	for i := range m {
 		if lb[m[i].role] == nil {
-			lb[m[i].role] = &structpb.Struct{Fields: map[string]*structpb.Value{"role": structpb.NewStringValue(m[i].role.String())}}
+			lb[m[i].role] = &structpb.Struct{Fields: map[string]*structpb.Value{wire.LBRoleKey: structpb.NewStringValue(m[i].role.String())}}
 		}
 		out[i] = lbEndpoint(&m[i], lb[m[i].role])
 	}
@@ -203,13 +186,13 @@ func lbEndpoint(m *member, lb *structpb.Struct) *endpointv3.LbEndpoint {
 		}},
 		HealthStatus: HealthStatus(m.lifecycle),
 		Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
-			MetadataNamespace: {Fields: map[string]*structpb.Value{
+			wire.MetadataNamespace: {Fields: map[string]*structpb.Value{
 				"role":      structpb.NewStringValue(m.role.String()),
 				"engine_id": structpb.NewStringValue(m.id),
 				"lifecycle": structpb.NewStringValue(m.lifecycle.String()),
 				"pinned":    structpb.NewBoolValue(m.pinned),
 			}},
-			LBNamespace: lb,
+			wire.LBNamespace: lb,
 		}},
 	}
 }

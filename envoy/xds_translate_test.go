@@ -13,6 +13,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
 var xdsEpoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -89,11 +90,11 @@ func viewCLA(t testing.TB, cla *endpointv3.ClusterLoadAssignment) []endpointView
 	for _, lbe := range loc.GetLbEndpoints() {
 		sa := lbe.GetEndpoint().GetAddress().GetSocketAddress()
 		md := lbe.GetMetadata().GetFilterMetadata()
-		n := md[MetadataNamespace].GetFields()
+		n := md[wire.MetadataNamespace].GetFields()
 		if len(n) != 4 {
 			t.Fatalf("%s: narwhal metadata %v, want 4 fields", cla.GetClusterName(), n)
 		}
-		if len(md) != 2 || len(md[LBNamespace].GetFields()) != 1 {
+		if len(md) != 2 || len(md[wire.LBNamespace].GetFields()) != 1 {
 			t.Fatalf("%s: metadata %v, want narwhal and envoy.lb {role}", cla.GetClusterName(), md)
 		}
 		out = append(out, endpointView{
@@ -103,7 +104,7 @@ func viewCLA(t testing.TB, cla *endpointv3.ClusterLoadAssignment) []endpointView
 			lifecycle: n["lifecycle"].GetStringValue(),
 			pinned:    n["pinned"].GetBoolValue(),
 			health:    lbe.GetHealthStatus(),
-			lbRole:    md[LBNamespace].GetFields()["role"].GetStringValue(),
+			lbRole:    md[wire.LBNamespace].GetFields()["role"].GetStringValue(),
 		})
 	}
 	return out

@@ -23,6 +23,7 @@ import (
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
 // harness is the real ext_proc server over gRPC with a real router and fleet, and no engines:
@@ -214,7 +215,7 @@ func TestOneRequestPerStream(t *testing.T) {
 			// The slots are free: a normal request is placed at once.
 			res, err := h.client.NewExchange(context.Background()).ProcessRequest(envoytest.Request{
 				Headers: envoytest.NewRequestHeaders("POST", "/v1/completions", "gw", nil), Body: strings.NewReader(completion)})
-			if err != nil || res.LocalReply != nil || res.Headers.Get(extproc.HeaderDestination) == "" {
+			if err != nil || res.LocalReply != nil || res.Headers.Get(wire.HeaderDestination) == "" {
 				t.Fatalf("next request: %+v %v", res, err)
 			}
 		})
@@ -303,7 +304,7 @@ func TestUntrustedUsage(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	res, x := h.exchange(ctx, noMax, nil)
-	if res.LocalReply != nil || res.Headers.Get(extproc.HeaderDestination) == "" {
+	if res.LocalReply != nil || res.Headers.Get(wire.HeaderDestination) == "" {
 		t.Fatalf("the next request without max_tokens was not placed: %+v", res.LocalReply)
 	}
 	cancel() // the client goes away before the response
@@ -332,7 +333,7 @@ func TestSilentEngine(t *testing.T) {
 	}
 	begin := time.Now()
 	res, x := h.exchange(context.Background(), completion, nil)
-	if res.LocalReply != nil || res.Headers.Get(extproc.HeaderDestination) == "" {
+	if res.LocalReply != nil || res.Headers.Get(wire.HeaderDestination) == "" {
 		t.Fatalf("ninth: %+v", res.LocalReply)
 	}
 	if d := time.Since(begin); d < 150*time.Millisecond { // placed by the timeout, not before (a 504 would have come at max_wait_s)
@@ -397,7 +398,7 @@ func TestPassiveHealth(t *testing.T) {
 	dead := ""
 	for i := 0; i < h.cfg.Health.Passive.ConsecutiveFailures; i++ {
 		res, _ := h.exchange(context.Background(), completion, fail())
-		dest := res.Headers.Get(extproc.HeaderDestination)
+		dest := res.Headers.Get(wire.HeaderDestination)
 		if dead == "" {
 			dead = dest
 		}
@@ -416,7 +417,7 @@ func TestPassiveHealth(t *testing.T) {
 	}
 	for i := range 4 {
 		res, _ := h.exchange(context.Background(), completion, sse(`{"choices":[{"text":"a"}]}`))
-		if dest := res.Headers.Get(extproc.HeaderDestination); dest == dead || dest == "" {
+		if dest := res.Headers.Get(wire.HeaderDestination); dest == dead || dest == "" {
 			t.Fatalf("request %d after the ejection went to %q", i, dest)
 		}
 	}

@@ -11,6 +11,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
 // Replies Envoy expects, one builder per message kind. Header values always go in raw_value:
@@ -141,8 +143,8 @@ func placementReply(m *extprocv3.HeaderMutation, md *structpb.Struct, headers bo
 
 func lbMetadata(dest string) *structpb.Struct {
 	return &structpb.Struct{Fields: map[string]*structpb.Value{
-		"envoy.lb": structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-			HeaderDestination: structpb.NewStringValue(dest),
+		wire.LBNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			wire.HeaderDestination: structpb.NewStringValue(dest),
 		}}),
 	}}
 }

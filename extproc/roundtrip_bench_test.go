@@ -18,6 +18,7 @@ import (
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
 // chatBody is a realistic chat request of about size bytes.
@@ -75,7 +76,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 	}{
 		{"null", func(b *testing.B) string { a, _ := envoytest.StartNullServer(b); return a }, func(*testing.B, *envoytest.RequestResult) {}},
 		{"narwhal", startNarwhal, func(b *testing.B, r *envoytest.RequestResult) {
-			if r.Headers.Get(extproc.HeaderDestination) == "" {
+			if r.Headers.Get(wire.HeaderDestination) == "" {
 				b.Fatalf("not placed: %+v", r.LocalReply)
 			}
 		}},

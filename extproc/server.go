@@ -24,17 +24,6 @@ import (
 	"github.com/narwhal-llm/narwhal/router"
 )
 
-// Headers of the contract. Clients may not set any of them: Narwhal removes or overwrites them
-// on every request it sees.
-const (
-	HeaderDestination = "x-gateway-destination-endpoint"
-	HeaderPrefiller   = "x-prefiller-host-port"
-	HeaderDecode      = "x-narwhal-decode-host-port"
-	HeaderPlacement   = "x-narwhal-placement"
-	HeaderRequestID   = "x-narwhal-request-id"
-	headerPrefix      = "x-narwhal-"
-)
-
 // Placer is the router as the data path uses it (router.Live implements it).
 type Placer interface {
 	Offer(ctx context.Context, o router.Offer) (router.Outcome, error)

@@ -19,6 +19,7 @@ import (
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
 // fastProfile makes simulated engines quick: 2 ms to prefill a short prompt, 2 ms per token.
@@ -156,8 +157,8 @@ func TestDisaggregatedPlacement(t *testing.T) {
 				t.Fatalf("%d %q", code, got)
 			}
 			o := fx.lastOutcome()
-			dest, pre := o.Placement.Get(extproc.HeaderDestination), o.Placement.Get(extproc.HeaderPrefiller)
-			if o.Placement.Get(extproc.HeaderPlacement) != "disaggregated" || o.Upstream != dest {
+			dest, pre := o.Placement.Get(wire.HeaderDestination), o.Placement.Get(wire.HeaderPrefiller)
+			if o.Placement.Get(wire.HeaderPlacement) != "disaggregated" || o.Upstream != dest {
 				t.Fatalf("placement %v, upstream %s", o.Placement, o.Upstream)
 			}
 			if dest != fx.addr["e3"] && dest != fx.addr["e4"] {
@@ -166,7 +167,7 @@ func TestDisaggregatedPlacement(t *testing.T) {
 			if pre != fx.addr["e1"] && pre != fx.addr["e2"] {
 				t.Fatalf("prefiller %s is not a prefill engine", pre)
 			}
-			if o.Record.Metadata("envoy.lb", extproc.HeaderDestination) != dest || !o.Record.RouteCacheCleared {
+			if o.Record.Metadata("envoy.lb", wire.HeaderDestination) != dest || !o.Record.RouteCacheCleared {
 				t.Fatalf("metadata %v, route cache cleared %v", o.Record.DynamicMetadata, o.Record.RouteCacheCleared)
 			}
 			if len(o.Record.Violations) != 0 {
@@ -333,7 +334,7 @@ func TestRejections(t *testing.T) {
 func TestClientRoutingHeadersIgnored(t *testing.T) {
 	fx := newFixture(t, relaxed(envoytest.Mode{}), nil)
 	evil := map[string]string{
-		extproc.HeaderDestination: "10.9.9.9:1", extproc.HeaderPrefiller: "10.9.9.9:2",
+		wire.HeaderDestination: "10.9.9.9:1", wire.HeaderPrefiller: "10.9.9.9:2",
 		"x-narwhal-placement": "aggregate", "x-narwhal-decode-host-port": "10.9.9.9:3",
 	}
 	code, _, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a","max_tokens":1}`, evil)
@@ -341,7 +342,7 @@ func TestClientRoutingHeadersIgnored(t *testing.T) {
 		t.Fatalf("%d %s", code, body)
 	}
 	o := fx.lastOutcome()
-	for _, k := range []string{extproc.HeaderDestination, extproc.HeaderPrefiller, extproc.HeaderPlacement} {
+	for _, k := range []string{wire.HeaderDestination, wire.HeaderPrefiller, wire.HeaderPlacement} {
 		if v := o.Placement.Values(k); len(v) != 1 || strings.HasPrefix(v[0], "10.9.9.9") || v[0] == "aggregate" {
 			t.Fatalf("%s = %v", k, v)
 		}
@@ -352,7 +353,7 @@ func TestClientRoutingHeadersIgnored(t *testing.T) {
 	// An unprocessed path: the headers are removed, and the request goes to the default upstream.
 	code, _, _ = fx.post(context.Background(), "/v1/models", "", evil)
 	o = fx.lastOutcome()
-	if o.Route != envoytest.RouteDefault || o.Record.RequestHeaders.Has(extproc.HeaderDestination) || o.Record.RequestHeaders.Has(extproc.HeaderPrefiller) {
+	if o.Route != envoytest.RouteDefault || o.Record.RequestHeaders.Has(wire.HeaderDestination) || o.Record.RequestHeaders.Has(wire.HeaderPrefiller) {
 		t.Fatalf("pass-through: %d route %s headers %v", code, o.Route, o.Record.RequestHeaders)
 	}
 }
@@ -486,7 +487,7 @@ func TestAggregateFallback(t *testing.T) {
 	wg.Wait() // the residents finish
 	code, _, body = fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"c","max_tokens":2,"stream":true}`, nil)
 	o := fx.lastOutcome()
-	if code != 200 || o.Placement.Get(extproc.HeaderPlacement) != "aggregate" || o.Placement.Get(extproc.HeaderPrefiller) != "" {
+	if code != 200 || o.Placement.Get(wire.HeaderPlacement) != "aggregate" || o.Placement.Get(wire.HeaderPrefiller) != "" {
 		t.Fatalf("fallback: %d %q placement %v", code, body, o.Placement)
 	}
 	if o.Upstream != fx.addr["e3"] && o.Upstream != fx.addr["e4"] {
@@ -513,7 +514,7 @@ func TestAggregateFallback(t *testing.T) {
 	}
 	code, _, _ = fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"d","max_tokens":2}`, nil)
 	o = fx.lastOutcome()
-	if code != 200 || o.Placement.Get(extproc.HeaderPlacement) != "disaggregated" || o.Placement.Get(extproc.HeaderPrefiller) != fx.addr["e1"] {
+	if code != 200 || o.Placement.Get(wire.HeaderPlacement) != "disaggregated" || o.Placement.Get(wire.HeaderPrefiller) != fx.addr["e1"] {
 		t.Fatalf("after: %d placement %v", code, o.Placement)
 	}
 	s := fx.settle()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/router"
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
 // phase is where one request is in its ext_proc exchange. It only moves forward.
@@ -219,7 +220,7 @@ func (st *stream) requestHeaders(h *extprocv3.HttpHeaders) {
 			path = headerValue(hv)
 		case k == "x-request-id":
 			envoyID = headerValue(hv)
-		case k == HeaderDestination || k == HeaderPrefiller || strings.HasPrefix(k, headerPrefix):
+		case k == wire.HeaderDestination || k == wire.HeaderPrefiller || strings.HasPrefix(k, wire.HeaderPrefix):
 			strip = append(strip, k)
 		}
 	}
@@ -369,14 +370,14 @@ func (st *stream) answerPlacement(p router.Placement) {
 	set := make([]*corev3.HeaderValueOption, 0, 4)
 	if st.s.cfg.Handoff == config.HandoffPrefill && p.Kind == router.Disaggregated {
 		dest = p.PrefillAddr
-		set = append(set, c.header(HeaderDecode, p.DecodeAddr))
+		set = append(set, c.header(wire.HeaderDecode, p.DecodeAddr))
 	} else if p.Kind == router.Disaggregated {
-		set = append(set, c.header(HeaderPrefiller, p.PrefillAddr))
+		set = append(set, c.header(wire.HeaderPrefiller, p.PrefillAddr))
 	}
 	set = append(set,
-		c.header(HeaderDestination, dest),
-		c.header(HeaderPlacement, p.Kind.String()),
-		setHeader(HeaderRequestID, st.id),
+		c.header(wire.HeaderDestination, dest),
+		c.header(wire.HeaderPlacement, p.Kind.String()),
+		setHeader(wire.HeaderRequestID, st.id),
 	)
 	mut := &extprocv3.HeaderMutation{SetHeaders: set}
 	if st.strip != nil { // client-supplied headers that this placement does not overwrite

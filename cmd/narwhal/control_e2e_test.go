@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
 // TestServeRoleControlEndToEnd runs role control through narwhal serve's ext_proc server and
@@ -50,7 +50,7 @@ func TestServeRoleControlEndToEnd(t *testing.T) {
 		return res
 	}
 	first := ask() // takes e1's only prefill slot
-	if p := first.Headers.Get(extproc.HeaderPrefiller); p != engines[0] {
+	if p := first.Headers.Get(wire.HeaderPrefiller); p != engines[0] {
 		t.Fatalf("first prefiller %s, want e1 %s", p, engines[0])
 	}
 	begin := time.Now()
@@ -58,12 +58,12 @@ func TestServeRoleControlEndToEnd(t *testing.T) {
 	waited := time.Since(begin)
 	moved := ""
 	for i, a := range engines {
-		if second.Headers.Get(extproc.HeaderPrefiller) == a {
+		if second.Headers.Get(wire.HeaderPrefiller) == a {
 			moved = fmt.Sprintf("e%d", i+1)
 		}
 	}
 	if moved != "e2" && moved != "e3" || waited < 200*time.Millisecond {
-		t.Fatalf("the waiting request went to prefill %q after %v; want a moved decode engine after urgent_delay_s", second.Headers.Get(extproc.HeaderPrefiller), waited)
+		t.Fatalf("the waiting request went to prefill %q after %v; want a moved decode engine after urgent_delay_s", second.Headers.Get(wire.HeaderPrefiller), waited)
 	}
 	awaitEDS(t, eds, moved+" prefill over xDS", func(g map[string]map[string]string) bool {
 		_, inPrefill := g["narwhal-prefill"][moved]

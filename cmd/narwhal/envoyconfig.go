@@ -8,13 +8,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/narwhal-llm/narwhal/config"
-	"github.com/narwhal-llm/narwhal/envoy"
+	"github.com/narwhal-llm/narwhal/envoy/bootstrap"
 )
 
 func newEnvoyConfig(stdout io.Writer) *cobra.Command {
 	var (
 		path string
-		o    envoy.BootstrapOptions
+		o    bootstrap.Options
 	)
 	cmd := &cobra.Command{
 		Use:   "envoy-config [--config FILE]",
@@ -29,7 +29,7 @@ func newEnvoyConfig(stdout io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			out, err := envoy.Bootstrap(cfg, o)
+			out, err := bootstrap.Generate(cfg, o)
 			if err != nil {
 				return usageErr(err)
 			}
@@ -39,9 +39,9 @@ func newEnvoyConfig(stdout io.Writer) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&path, "config", "", "Narwhal config file (YAML)")
-	f.StringVar(&o.Listen, "listen", "", "Envoy's HTTP listener (default "+envoy.DefaultEnvoyListen+")")
-	f.StringVar(&o.Admin, "admin", "", "Envoy's admin interface (default "+envoy.DefaultEnvoyAdmin+")")
-	f.StringVar(&o.BodyMode, "body-mode", envoy.BodyBuffered, "ext_proc request_body_mode: "+envoy.BodyBuffered+" or "+envoy.BodyFullDuplex)
+	f.StringVar(&o.Listen, "listen", "", "Envoy's HTTP listener (default "+bootstrap.DefaultEnvoyListen+")")
+	f.StringVar(&o.Admin, "admin", "", "Envoy's admin interface (default "+bootstrap.DefaultEnvoyAdmin+")")
+	f.StringVar(&o.BodyMode, "body-mode", bootstrap.BodyBuffered, "ext_proc request_body_mode: "+bootstrap.BodyBuffered+" or "+bootstrap.BodyFullDuplex)
 	f.StringVar(&o.NarwhalHost, "narwhal-host", "", "host name Envoy reaches Narwhal by (e.g. the compose service name)")
 	return cmd
 }
@@ -52,7 +52,7 @@ func validateEnvoy(stdout io.Writer, file string, cfg *config.Config) error {
 	if err != nil {
 		return usageErr(fmt.Errorf("--envoy: %w", err))
 	}
-	problems := envoy.ValidateBootstrap(data, cfg)
+	problems := bootstrap.Validate(data, cfg)
 	if len(problems) == 0 {
 		fmt.Fprintln(stdout, "ok")
 		return nil

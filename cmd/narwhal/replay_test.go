@@ -12,10 +12,10 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/admin"
-	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
 	"github.com/narwhal-llm/narwhal/router"
 	"github.com/narwhal-llm/narwhal/sim"
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
 // TestTraceReplay replays the first 2,000 requests of the Azure conversation trace, time
@@ -109,7 +109,7 @@ func TestTraceReplay(t *testing.T) {
 		}
 		placed++
 		// The role controller may move engines between the roles while the trace plays.
-		if p := o.Placement.Get(extproc.HeaderPrefiller); o.Placement.Get(extproc.HeaderPlacement) != "disaggregated" || !engine[p] || !engine[o.Upstream] || p == o.Upstream {
+		if p := o.Placement.Get(wire.HeaderPrefiller); o.Placement.Get(wire.HeaderPlacement) != "disaggregated" || !engine[p] || !engine[o.Upstream] || p == o.Upstream {
 			t.Fatalf("placement %v to %s", o.Placement, o.Upstream)
 		}
 	}

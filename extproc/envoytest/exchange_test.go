@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
 // TestWhatEnvoySends checks the messages of a BUFFERED request as the server
@@ -733,7 +734,7 @@ func TestFullDuplexEcho(t *testing.T) {
 				_ = s.Send(reqBodyReply(streamed(string(body), true)))
 				return holdUntilClosedNil(s)
 			}
-			if err := s.Send(reqHeadersReply(&extprocv3.CommonResponse{HeaderMutation: mutation(set(envoytest.DestinationHeader, "10.0.0.9:8000")), ClearRouteCache: true})); err != nil {
+			if err := s.Send(reqHeadersReply(&extprocv3.CommonResponse{HeaderMutation: mutation(set(wire.HeaderDestination, "10.0.0.9:8000")), ClearRouteCache: true})); err != nil {
 				return nil
 			}
 			half := len(body) / 2
@@ -754,7 +755,7 @@ func TestFullDuplexEcho(t *testing.T) {
 		if err != nil || res.LocalReply != nil {
 			t.Fatal(err, res.LocalReply)
 		}
-		if string(res.Body) != "hello world" || res.Headers.Get(envoytest.DestinationHeader) != "10.0.0.9:8000" || !res.RouteCacheCleared {
+		if string(res.Body) != "hello world" || res.Headers.Get(wire.HeaderDestination) != "10.0.0.9:8000" || !res.RouteCacheCleared {
 			t.Errorf("body %q headers %v", res.Body, res.Headers)
 		}
 		noViolations(t, x.Record())

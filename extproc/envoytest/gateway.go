@@ -16,11 +16,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-)
 
-// DestinationHeader is the header the ORIGINAL_DST cluster reads the
-// upstream IP:port from.
-const DestinationHeader = "x-gateway-destination-endpoint"
+	"github.com/narwhal-llm/narwhal/wire"
+)
 
 // DefaultRoutedPaths are the paths routed to the ORIGINAL_DST cluster unless
 // WithRoutedPaths says otherwise (the default router.paths).
@@ -292,7 +290,7 @@ func (g *Gateway) route(ctx context.Context, oc *Outcome, routeBy Headers, res *
 	switch {
 	case g.routed[path]:
 		oc.Route = RouteOriginalDst
-		oc.Destination = res.Headers.Get(DestinationHeader)
+		oc.Destination = res.Headers.Get(wire.HeaderDestination)
 		ap, err := netip.ParseAddrPort(oc.Destination)
 		if err != nil {
 			return routerReply(oc, 503, "no healthy upstream"), noop
@@ -359,7 +357,7 @@ func routerReply(oc *Outcome, status int, body string) *Response {
 func placement(h Headers) http.Header {
 	out := http.Header{}
 	for _, f := range h {
-		if f.Key == DestinationHeader || f.Key == "x-prefiller-host-port" || strings.HasPrefix(f.Key, "x-narwhal-") {
+		if f.Key == wire.HeaderDestination || f.Key == wire.HeaderPrefiller || strings.HasPrefix(f.Key, wire.HeaderPrefix) {
 			out.Add(f.Key, f.Value)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
 const chatBody = `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`
@@ -27,13 +28,13 @@ const chatBody = `{"model":"m","messages":[{"role":"user","content":"hi"}],"stre
 // headers and chunks are acknowledged unchanged. ended gets how each stream
 // ended.
 func placementServer(t *testing.T, dst string, ended chan<- error) string {
-	md, err := structpb.NewStruct(map[string]any{"envoy.lb": map[string]any{envoytest.DestinationHeader: dst}})
+	md, err := structpb.NewStruct(map[string]any{"envoy.lb": map[string]any{wire.HeaderDestination: dst}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	place := func() *extprocv3.CommonResponse {
 		return &extprocv3.CommonResponse{
-			HeaderMutation:  mutation(set(envoytest.DestinationHeader, dst), set("x-narwhal-placement", "aggregate")),
+			HeaderMutation:  mutation(set(wire.HeaderDestination, dst), set("x-narwhal-placement", "aggregate")),
 			ClearRouteCache: true,
 		}
 	}
@@ -134,7 +135,7 @@ func chatRequest(t *testing.T, ctx context.Context, url string) *http.Request {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	// A client trying to pick its engine: the processor must overwrite it.
-	req.Header.Set(envoytest.DestinationHeader, "10.255.255.1:1")
+	req.Header.Set(wire.HeaderDestination, "10.255.255.1:1")
 	return req
 }
 
@@ -208,7 +209,7 @@ func TestGatewayStreamsSSE(t *testing.T) {
 			}
 			rec := oc.Record
 			noViolations(t, rec)
-			if rec.Metadata("envoy.lb", envoytest.DestinationHeader) != engineAddr || !rec.RouteCacheCleared || rec.Phase != envoytest.PhaseDone {
+			if rec.Metadata("envoy.lb", wire.HeaderDestination) != engineAddr || !rec.RouteCacheCleared || rec.Phase != envoytest.PhaseDone {
 				t.Errorf("record: metadata %v cleared %v phase %v", rec.DynamicMetadata, rec.RouteCacheCleared, rec.Phase)
 			}
 			if oc.Chunks < 2 {
@@ -297,7 +298,7 @@ func TestGatewayRouting(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			req, _ := http.NewRequestWithContext(testCtx(t, 10*time.Second), http.MethodPost, tc.srv.URL+tc.path, strings.NewReader("{}"))
 			if tc.dest != "" {
-				req.Header.Set(envoytest.DestinationHeader, tc.dest)
+				req.Header.Set(wire.HeaderDestination, tc.dest)
 			}
 			resp, err := tc.srv.Client().Do(req)
 			if err != nil {

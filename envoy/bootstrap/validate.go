@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"bytes"
@@ -42,7 +42,7 @@ func (p Problem) String() string {
 	return p.Path + ": " + p.Msg
 }
 
-// ValidateBootstrap checks an Envoy v3 bootstrap (YAML or JSON) strictly and returns every
+// Validate checks an Envoy v3 bootstrap (YAML or JSON) strictly and returns every
 // problem found, nil when there is none:
 //
 //  1. the YAML converts to JSON strictly (no duplicate keys);
@@ -60,7 +60,7 @@ func (p Problem) String() string {
 //     waiting-set capacity, paths, cluster prefix).
 //
 // With a nil cfg only the checks that need no Narwhal config run.
-func ValidateBootstrap(data []byte, cfg *config.Config) []Problem {
+func Validate(data []byte, cfg *config.Config) []Problem {
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
 		msg := strings.TrimPrefix(err.Error(), "error converting YAML to JSON: ")

@@ -1,6 +1,6 @@
-package envoy
+package bootstrap
 
-// The typed_config packages ValidateBootstrap resolves. An Any whose type is not registered
+// The typed_config packages Validate resolves. An Any whose type is not registered
 // cannot be checked (protojson refuses it), so every extension the examples use is imported
 // here, with the common ones an operator is likely to add around them: access loggers, the
 // usual HTTP and listener filters, TLS, health-check event sinks, load-balancing policies,

@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"fmt"
@@ -27,7 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/narwhal-llm/narwhal/config"
-	"github.com/narwhal-llm/narwhal/extproc"
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
 // Names and defaults the lint rules and the generated bootstrap share.
@@ -39,8 +39,6 @@ const (
 	ExtProcCluster     = "narwhal-extproc"
 	XDSCluster         = "narwhal-xds"
 
-	lbNamespace       = "envoy.lb" // endpoint filter_metadata the subset load balancer reads
-	lbRoleKey         = "role"     // the only key Narwhal publishes under it
 	extProcFilterType = "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
 	routerFilterType  = "envoy.extensions.filters.http.router.v3.Router"
 	hcmFilterType     = "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
@@ -51,11 +49,6 @@ const (
 	envoyDefaultStreamIdle     = 5 * time.Minute        // HCM stream_idle_timeout default
 	envoyDefaultBreaker        = 1024                   // circuit breaker thresholds default
 )
-
-// narwhalHeaders are the request headers Narwhal's ext_proc replies set; header mutation rules
-// must let them through.
-var narwhalHeaders = []string{extproc.HeaderDestination, extproc.HeaderPrefiller, extproc.HeaderDecode,
-	extproc.HeaderPlacement, extproc.HeaderRequestID}
 
 // lintBootstrap applies the rules protos cannot express. Paths are canonical (proto names).
 //
@@ -110,7 +103,7 @@ func lintBootstrap(b *bootstrapv3.Bootstrap, cfg *config.Config) []Problem {
 		l.add("static_resources.listeners", "no envoy.filters.http.ext_proc filter (%s) in any listener: Envoy would never ask Narwhal where a request goes", extProcFilterType)
 	}
 	if len(l.originalDst) == 0 {
-		l.add("static_resources.clusters", "no ORIGINAL_DST cluster: Envoy cannot send a request to the engine Narwhal names in %s (add %s, type ORIGINAL_DST, lb_policy CLUSTER_PROVIDED)", extproc.HeaderDestination, OriginalDstCluster)
+		l.add("static_resources.clusters", "no ORIGINAL_DST cluster: Envoy cannot send a request to the engine Narwhal names in %s (add %s, type ORIGINAL_DST, lb_policy CLUSTER_PROVIDED)", wire.HeaderDestination, OriginalDstCluster)
 	}
 	return dedupe(l.out)
 }
@@ -157,8 +150,8 @@ func (l *linter) narwhalClusters() []string {
 	if l.cfg == nil {
 		return nil
 	}
-	p := l.cfg.XDS.ClusterPrefix
-	return []string{p + "-prefill", p + "-decode", p + "-engines"}
+	names := wire.Names(l.cfg.XDS.ClusterPrefix).List()
+	return names[:]
 }
 
 // fromCDS reports whether name can be a cluster Narwhal publishes over CDS.
@@ -202,15 +195,15 @@ func (l *linter) cluster(lc lintCluster) {
 		sp := pathKey(p, "lb_subset_config")
 		for i, sel := range sc.GetSubsetSelectors() {
 			for j, k := range sel.GetKeys() {
-				if k != lbRoleKey {
+				if k != wire.LBRoleKey {
 					l.add(pathIndex(pathKey(pathIndex(pathKey(sp, "subset_selectors"), i), "keys"), j),
-						"subset key %q: the subset load balancer reads endpoint filter_metadata[%q], where Narwhal publishes only %q (engine_id, lifecycle and pinned are under \"narwhal\", which it does not read)", k, lbNamespace, lbRoleKey)
+						"subset key %q: the subset load balancer reads endpoint filter_metadata[%q], where Narwhal publishes only %q (engine_id, lifecycle and pinned are under \"narwhal\", which it does not read)", k, wire.LBNamespace, wire.LBRoleKey)
 				}
 			}
 		}
 		for k := range sortedStruct(sc.GetDefaultSubset()) {
-			if k != lbRoleKey {
-				l.add(pathKey(pathKey(sp, "default_subset"), k), "subset key %q: Narwhal publishes only %q under filter_metadata[%q]", k, lbRoleKey, lbNamespace)
+			if k != wire.LBRoleKey {
+				l.add(pathKey(pathKey(sp, "default_subset"), k), "subset key %q: Narwhal publishes only %q under filter_metadata[%q]", k, wire.LBRoleKey, wire.LBNamespace)
 			}
 		}
 	}
@@ -239,17 +232,17 @@ func (l *linter) originalDstCluster(lc lintCluster) {
 	od := c.GetOriginalDstLbConfig()
 	switch {
 	case od == nil:
-		l.add(pathKey(p, "original_dst_lb_config"), "missing: set {use_http_header: true, http_header_name: %s} so the cluster sends each request to the engine Narwhal names", extproc.HeaderDestination)
+		l.add(pathKey(p, "original_dst_lb_config"), "missing: set {use_http_header: true, http_header_name: %s} so the cluster sends each request to the engine Narwhal names", wire.HeaderDestination)
 	case !od.GetUseHttpHeader():
-		l.add(pathFields(p, "original_dst_lb_config.use_http_header"), "must be true: the destination is the %s header Narwhal sets", extproc.HeaderDestination)
+		l.add(pathFields(p, "original_dst_lb_config.use_http_header"), "must be true: the destination is the %s header Narwhal sets", wire.HeaderDestination)
 	case !validHeaderName(od.GetHttpHeaderName()):
-		l.add(pathFields(p, "original_dst_lb_config.http_header_name"), "%q is not a valid HTTP header name; Narwhal names the destination in %s", od.GetHttpHeaderName(), extproc.HeaderDestination)
-	case od.GetHttpHeaderName() != extproc.HeaderDestination:
+		l.add(pathFields(p, "original_dst_lb_config.http_header_name"), "%q is not a valid HTTP header name; Narwhal names the destination in %s", od.GetHttpHeaderName(), wire.HeaderDestination)
+	case od.GetHttpHeaderName() != wire.HeaderDestination:
 		name := od.GetHttpHeaderName()
 		if name == "" {
 			name = "x-envoy-original-dst-host (the default)"
 		}
-		l.add(pathFields(p, "original_dst_lb_config.http_header_name"), "is %s, but Narwhal names the destination in %s", name, extproc.HeaderDestination)
+		l.add(pathFields(p, "original_dst_lb_config.http_header_name"), "is %s, but Narwhal names the destination in %s", name, wire.HeaderDestination)
 	}
 	if l.cfg != nil {
 		need := fleetStreams(l.cfg)
@@ -639,7 +632,7 @@ func (l *linter) extProc(f extProcFilter) {
 	}
 	fullDuplex := l.processingMode(ep.GetProcessingMode(), pathKey(p, "processing_mode"), ep.GetFailureModeAllow(), pathKey(p, "failure_mode_allow"))
 	if ep.GetFailureModeAllow() && !fullDuplex {
-		l.add(pathKey(p, "failure_mode_allow"), "must be false: fail-open forwards a request Narwhal did not process when Narwhal is unreachable or slow, and the ORIGINAL_DST route then takes the client's own %s", extproc.HeaderDestination)
+		l.add(pathKey(p, "failure_mode_allow"), "must be false: fail-open forwards a request Narwhal did not process when Narwhal is unreachable or slow, and the ORIGINAL_DST route then takes the client's own %s", wire.HeaderDestination)
 	}
 	if l.cfg != nil && !fullDuplex {
 		maxWait := seconds(l.cfg.Router.WaitingSet.MaxWaitS)
@@ -665,11 +658,11 @@ func (l *linter) extProc(f extProcFilter) {
 	if mr := ep.GetMutationRules(); mr != nil {
 		mp := pathKey(p, "mutation_rules")
 		if mr.GetDisallowAll().GetValue() {
-			l.add(pathKey(mp, "disallow_all"), "must not be true: Narwhal sets %s", strings.Join(narwhalHeaders, ", "))
+			l.add(pathKey(mp, "disallow_all"), "must not be true: Narwhal sets %s", strings.Join(wire.Headers, ", "))
 		}
 		if re := mr.GetDisallowExpression().GetRegex(); re != "" {
 			if rx, err := regexp.Compile("^(?:" + re + ")$"); err == nil {
-				for _, h := range narwhalHeaders {
+				for _, h := range wire.Headers {
 					if rx.MatchString(h) {
 						l.add(pathKey(mp, "disallow_expression"), "matches %s, a header Narwhal sets: Envoy would drop it", h)
 						break
@@ -688,8 +681,8 @@ func defaultNote(def bool) string {
 }
 
 func (l *linter) metadataOptions(mo *extprocv3.MetadataOptions, p string) {
-	if !slices.Contains(mo.GetReceivingNamespaces().GetUntyped(), lbNamespace) {
-		l.add(pathFields(p, "receiving_namespaces.untyped"), "must include %q: Envoy applies only the dynamic metadata namespaces listed, and Narwhal sends the destination under %q", lbNamespace, lbNamespace)
+	if !slices.Contains(mo.GetReceivingNamespaces().GetUntyped(), wire.LBNamespace) {
+		l.add(pathFields(p, "receiving_namespaces.untyped"), "must include %q: Envoy applies only the dynamic metadata namespaces listed, and Narwhal sends the destination under %q", wire.LBNamespace, wire.LBNamespace)
 	}
 }
 
@@ -816,14 +809,14 @@ func (l *linter) route(ctx *hcmCtx, vh *routev3.VirtualHost, r *routev3.Route, r
 func (l *linter) metadataMatch(md *corev3.Metadata, p string) {
 	for _, ns := range sortedMapKeys(md.GetFilterMetadata()) {
 		np := pathKey(pathKey(p, "filter_metadata"), ns)
-		if ns != lbNamespace {
-			l.add(np, "subset load balancing matches only filter_metadata[%q] of endpoints, where Narwhal publishes %q; %q is never matched", lbNamespace, lbRoleKey, ns)
+		if ns != wire.LBNamespace {
+			l.add(np, "subset load balancing matches only filter_metadata[%q] of endpoints, where Narwhal publishes %q; %q is never matched", wire.LBNamespace, wire.LBRoleKey, ns)
 			continue
 		}
 		for k, v := range sortedStruct(md.GetFilterMetadata()[ns]) {
 			kp := pathKey(np, k)
-			if k != lbRoleKey {
-				l.add(kp, "Narwhal publishes only %q under filter_metadata[%q]: a subset on %q matches no endpoint", lbRoleKey, lbNamespace, k)
+			if k != wire.LBRoleKey {
+				l.add(kp, "Narwhal publishes only %q under filter_metadata[%q]: a subset on %q matches no endpoint", wire.LBRoleKey, wire.LBNamespace, k)
 				continue
 			}
 			if s := v.GetStringValue(); s != config.RolePrefill && s != config.RoleDecode {
@@ -882,7 +875,7 @@ func (l *linter) originalDstRoute(ctx *hcmCtx, vh *routev3.VirtualHost, r *route
 	vp := pathParent(pathParent(rp)) // .../virtual_hosts[i]
 	target := pathKey(rp, "route")
 	if len(ctx.extProcs) == 0 {
-		l.add(target, "sends to an ORIGINAL_DST cluster, but this connection manager has no ext_proc filter: the client's own %s would choose the upstream", extproc.HeaderDestination)
+		l.add(target, "sends to an ORIGINAL_DST cluster, but this connection manager has no ext_proc filter: the client's own %s would choose the upstream", wire.HeaderDestination)
 	} else {
 		processed := false
 		var off []string
@@ -899,7 +892,7 @@ func (l *linter) originalDstRoute(ctx *hcmCtx, vh *routev3.VirtualHost, r *route
 		}
 		if !processed {
 			l.add(target, "sends to an ORIGINAL_DST cluster, but the ext_proc filter is disabled for this route (%s): the client's own %s would choose the upstream",
-				strings.Join(off, ", "), extproc.HeaderDestination)
+				strings.Join(off, ", "), wire.HeaderDestination)
 		}
 	}
 	m := r.GetMatch()
@@ -953,7 +946,7 @@ func (l *linter) overrides(f extProcFilter, ov *extprocv3.ExtProcOverrides, p st
 		fullDuplex = l.processingMode(pm, pathKey(p, "processing_mode"), failOpen, pathKey(p, "failure_mode_allow"))
 	}
 	if v := ov.GetFailureModeAllow(); v.GetValue() && !fullDuplex {
-		l.add(pathKey(p, "failure_mode_allow"), "must be false: fail-open forwards a request Narwhal did not process to the ORIGINAL_DST route, with the client's own %s", extproc.HeaderDestination)
+		l.add(pathKey(p, "failure_mode_allow"), "must be false: fail-open forwards a request Narwhal did not process to the ORIGINAL_DST route, with the client's own %s", wire.HeaderDestination)
 	}
 	if protoBool(ov, "async_mode") { // deprecated, read by name
 		l.add(pathKey(p, "async_mode"), "must be false: in async mode Envoy does not wait for Narwhal's replies, so nothing is placed")

@@ -1,4 +1,4 @@
-package envoy
+package bootstrap
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
-	"github.com/narwhal-llm/narwhal/extproc"
+	"github.com/narwhal-llm/narwhal/wire"
 )
 
 // Request body modes of the ext_proc filter that can carry a body-based placement.
@@ -23,16 +23,16 @@ const (
 	BodyFullDuplex = "FULL_DUPLEX_STREAMED"
 )
 
-// Defaults of BootstrapOptions.
+// Defaults of Options.
 const (
 	DefaultEnvoyListen = "0.0.0.0:10000"
 	DefaultEnvoyAdmin  = "127.0.0.1:9901"
 	DefaultNodeID      = "narwhal-envoy"
 )
 
-// BootstrapOptions are the choices of a generated bootstrap that the Narwhal config does not
+// Options are the choices of a generated bootstrap that the Narwhal config does not
 // make. The zero value is the default deployment: Envoy on the same host as Narwhal.
-type BootstrapOptions struct {
+type Options struct {
 	// Listen is the address of Envoy's HTTP listener (host:port); "" means 0.0.0.0:10000.
 	Listen string
 	// Admin is the address of Envoy's admin interface (host:port); "" means 127.0.0.1:9901.
@@ -57,8 +57,8 @@ type BootstrapOptions struct {
 // and the client routing headers removed; the static clusters narwhal-extproc (HTTP/2, raised
 // circuit breakers, gRPC health check) and narwhal-xds (HTTP/2); and dynamic_resources with
 // ADS on narwhal-xds and CDS over ADS. The output is deterministic and passes
-// ValidateBootstrap(out, cfg) with no problem.
-func Bootstrap(cfg *config.Config, o BootstrapOptions) ([]byte, error) {
+// Validate(out, cfg) with no problem.
+func Generate(cfg *config.Config, o Options) ([]byte, error) {
 	if cfg == nil {
 		return nil, errors.New("envoy: Bootstrap needs a Narwhal config")
 	}
@@ -124,18 +124,19 @@ type bsData struct {
 	RoleDecode          string
 }
 
-func bootstrapData(cfg *config.Config, o BootstrapOptions) (*bsData, error) {
+func bootstrapData(cfg *config.Config, o Options) (*bsData, error) {
+	names := wire.Names(cfg.XDS.ClusterPrefix)
 	d := &bsData{
 		NodeID: o.NodeID, NodeCluster: o.NodeCluster, NarwhalHost: o.NarwhalHost,
 		BodyLimit: cfg.Router.BodyLimitBytes, Capacity: cfg.Router.WaitingSet.Capacity,
-		Prefix: cfg.XDS.ClusterPrefix, Engines: cfg.XDS.ClusterPrefix + "-engines",
+		Prefix: cfg.XDS.ClusterPrefix, Engines: names.Engines,
 		OriginalDst: OriginalDstCluster, ExtProcCluster: ExtProcCluster, XDSCluster: XDSCluster,
 		ExtProcListen: cfg.Listen.ExtProc, XDSListen: cfg.Listen.XDS,
-		HeaderDestination: extproc.HeaderDestination, LBNamespace: lbNamespace, RoleDecode: config.RoleDecode,
-		Headers: narwhalHeaders,
+		HeaderDestination: wire.HeaderDestination, LBNamespace: wire.LBNamespace, RoleDecode: config.RoleDecode,
+		Headers: wire.Headers,
 	}
-	p := cfg.XDS.ClusterPrefix
-	d.Clusters = []string{p + "-prefill", p + "-decode", p + "-engines"}
+	all := names.List()
+	d.Clusters = all[:]
 	if d.NodeID == "" {
 		d.NodeID = DefaultNodeID
 	}

@@ -1,4 +1,4 @@
-package envoy_test
+package bootstrap_test
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/narwhal-llm/narwhal/config"
-	"github.com/narwhal-llm/narwhal/envoy"
+	"github.com/narwhal-llm/narwhal/envoy/bootstrap"
 )
 
 // -update rewrites the generated example Envoy configs under examples/envoy. The flag is
@@ -34,7 +34,7 @@ func updating() bool {
 	return v
 }
 
-const examplesDir = "../examples"
+const examplesDir = "../../examples"
 
 func defaultConfig(t testing.TB) *config.Config {
 	t.Helper()
@@ -56,22 +56,22 @@ func composeConfig(t testing.TB) *config.Config {
 
 // composeOptions are the options of examples/envoy/envoy-compose.yaml: Narwhal is the compose
 // service "narwhal", and Envoy's admin is published on the host.
-var composeOptions = envoy.BootstrapOptions{NarwhalHost: "narwhal", Admin: "0.0.0.0:9901"}
+var composeOptions = bootstrap.Options{NarwhalHost: "narwhal", Admin: "0.0.0.0:9901"}
 
 // generated lists every generated example: its file, the Narwhal config it is for, and the
 // options it was generated with.
 func generated(t testing.TB) []struct {
 	file string
 	cfg  *config.Config
-	opts envoy.BootstrapOptions
+	opts bootstrap.Options
 } {
 	return []struct {
 		file string
 		cfg  *config.Config
-		opts envoy.BootstrapOptions
+		opts bootstrap.Options
 	}{
-		{"envoy/envoy.yaml", defaultConfig(t), envoy.BootstrapOptions{}},
-		{"envoy/envoy-full-duplex.yaml", defaultConfig(t), envoy.BootstrapOptions{BodyMode: envoy.BodyFullDuplex}},
+		{"envoy/envoy.yaml", defaultConfig(t), bootstrap.Options{}},
+		{"envoy/envoy-full-duplex.yaml", defaultConfig(t), bootstrap.Options{BodyMode: bootstrap.BodyFullDuplex}},
 		{"envoy/envoy-compose.yaml", composeConfig(t), composeOptions},
 	}
 }
@@ -81,7 +81,7 @@ func generated(t testing.TB) []struct {
 func TestExamplesGenerated(t *testing.T) {
 	for _, g := range generated(t) {
 		t.Run(g.file, func(t *testing.T) {
-			out, err := envoy.Bootstrap(g.cfg, g.opts)
+			out, err := bootstrap.Generate(g.cfg, g.opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -145,10 +145,10 @@ func TestExamplesValidate(t *testing.T) {
 				t.Errorf("%s: an Envoy config the test does not know; add it to generated()", rel)
 				return nil
 			}
-			for _, p := range envoy.ValidateBootstrap(data, cfg) {
+			for _, p := range bootstrap.Validate(data, cfg) {
 				t.Errorf("%s: line %d: %s", rel, p.Line, p)
 			}
-			for _, p := range envoy.ValidateBootstrap(data, nil) {
+			for _, p := range bootstrap.Validate(data, nil) {
 				t.Errorf("%s (no Narwhal config): line %d: %s", rel, p.Line, p)
 			}
 		case rel == "narwhal-compose.yaml", strings.HasPrefix(rel, "sim/"): // Narwhal configs
@@ -216,7 +216,7 @@ func checkCompose(t *testing.T, data []byte) {
 	}
 
 	// Narwhal: built from the repo Dockerfile, whose CMD reads /etc/narwhal/config.yaml.
-	dockerfile, err := os.ReadFile("../Dockerfile")
+	dockerfile, err := os.ReadFile("../../Dockerfile")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func checkCompose(t *testing.T, data []byte) {
 		t.Errorf("docker-compose.yaml: envoy's config is %q, want envoy/envoy-compose.yaml", got)
 	}
 	opts := composeOptions
-	published("envoy", port(envoy.DefaultEnvoyListen))
+	published("envoy", port(bootstrap.DefaultEnvoyListen))
 	published("envoy", port(opts.Admin))
 	bs, err := os.ReadFile(filepath.Join(examplesDir, "envoy/envoy-compose.yaml"))
 	if err != nil {
@@ -291,12 +291,12 @@ engines:
 
 func TestBootstrapDeterministic(t *testing.T) {
 	cfg := defaultConfig(t)
-	a, err := envoy.Bootstrap(cfg, envoy.BootstrapOptions{})
+	a, err := bootstrap.Generate(cfg, bootstrap.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for range 5 {
-		b, err := envoy.Bootstrap(cfg, envoy.BootstrapOptions{})
+		b, err := bootstrap.Generate(cfg, bootstrap.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -320,20 +320,20 @@ func TestBootstrapVariants(t *testing.T) {
 	cases := []struct {
 		name string
 		cfg  string
-		opts envoy.BootstrapOptions
+		opts bootstrap.Options
 		want []string // substrings of the output
 	}{
-		{"defaults", "", envoy.BootstrapOptions{},
+		{"defaults", "", bootstrap.Options{},
 			[]string{"message_timeout: 35s", "per_connection_buffer_limit_bytes: 5242880", "type: STATIC", `port_value: 9002`}},
-		{"every interface becomes loopback", "listen: {extproc: \"0.0.0.0:7000\", xds: \":7001\"}\n", envoy.BootstrapOptions{},
+		{"every interface becomes loopback", "listen: {extproc: \"0.0.0.0:7000\", xds: \":7001\"}\n", bootstrap.Options{},
 			[]string{`{address: "127.0.0.1", port_value: 7000}`, `{address: "127.0.0.1", port_value: 7001}`}},
-		{"IPv6 any becomes ::1", "listen: {extproc: \"[::]:7000\"}\n", envoy.BootstrapOptions{},
+		{"IPv6 any becomes ::1", "listen: {extproc: \"[::]:7000\"}\n", bootstrap.Options{},
 			[]string{`{address: "::1", port_value: 7000}`}},
 		{"host override, DNS clusters", "listen: {extproc: \"0.0.0.0:9002\", xds: \"0.0.0.0:18000\"}\n",
-			envoy.BootstrapOptions{NarwhalHost: "narwhal.internal", Listen: "127.0.0.1:8080", Admin: "[::1]:9000"},
+			bootstrap.Options{NarwhalHost: "narwhal.internal", Listen: "127.0.0.1:8080", Admin: "[::1]:9000"},
 			[]string{"type: STRICT_DNS", "dns_lookup_family: V4_PREFERRED", `{address: "narwhal.internal", port_value: 9002}`,
 				`{address: "127.0.0.1", port_value: 8080}`, `{address: "::1", port_value: 9000}`}},
-		{"full duplex has no message_timeout", "", envoy.BootstrapOptions{BodyMode: envoy.BodyFullDuplex},
+		{"full duplex has no message_timeout", "", bootstrap.Options{BodyMode: bootstrap.BodyFullDuplex},
 			[]string{"request_body_mode: FULL_DUPLEX_STREAMED", "request_trailer_mode: SEND"}},
 		{"custom paths, prefix, limits, long wait", `
 router:
@@ -341,16 +341,16 @@ router:
   body_limit_bytes: 33554432
   waiting_set: {capacity: 100000, max_wait_s: 600}
 xds: {cluster_prefix: llm}
-`, envoy.BootstrapOptions{},
+`, bootstrap.Options{},
 			[]string{`path: "/generate"`, "cluster: llm-engines", "message_timeout: 605s", "stream_idle_timeout: 665s",
 				"per_connection_buffer_limit_bytes: 34603008", "max_requests: 101376"}},
-		{"fractional wait", "router: {waiting_set: {max_wait_s: 2.5}}\n", envoy.BootstrapOptions{},
+		{"fractional wait", "router: {waiting_set: {max_wait_s: 2.5}}\n", bootstrap.Options{},
 			[]string{"message_timeout: 7.5s"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := load(t, c.cfg)
-			out, err := envoy.Bootstrap(cfg, c.opts)
+			out, err := bootstrap.Generate(cfg, c.opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -359,10 +359,10 @@ xds: {cluster_prefix: llm}
 					t.Errorf("output lacks %q", w)
 				}
 			}
-			if c.opts.BodyMode == envoy.BodyFullDuplex && regexp.MustCompile(`(?m)^\s+message_timeout:`).Match(out) {
+			if c.opts.BodyMode == bootstrap.BodyFullDuplex && regexp.MustCompile(`(?m)^\s+message_timeout:`).Match(out) {
 				t.Error("full duplex output sets message_timeout")
 			}
-			for _, p := range envoy.ValidateBootstrap(out, cfg) {
+			for _, p := range bootstrap.Validate(out, cfg) {
 				t.Errorf("line %d: %s", p.Line, p)
 			}
 		})
@@ -371,15 +371,15 @@ xds: {cluster_prefix: llm}
 
 func TestBootstrapErrors(t *testing.T) {
 	cfg := defaultConfig(t)
-	if _, err := envoy.Bootstrap(nil, envoy.BootstrapOptions{}); err == nil {
+	if _, err := bootstrap.Generate(nil, bootstrap.Options{}); err == nil {
 		t.Error("nil config: no error")
 	}
-	for _, o := range []envoy.BootstrapOptions{
+	for _, o := range []bootstrap.Options{
 		{BodyMode: "STREAMED"},
 		{Listen: "10000"},
 		{Admin: "127.0.0.1:0"},
 	} {
-		if _, err := envoy.Bootstrap(cfg, o); err == nil {
+		if _, err := bootstrap.Generate(cfg, o); err == nil {
 			t.Errorf("%+v: no error", o)
 		}
 	}
@@ -387,10 +387,10 @@ func TestBootstrapErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := envoy.Bootstrap(long, envoy.BootstrapOptions{}); err == nil || !strings.Contains(err.Error(), "FULL_DUPLEX_STREAMED") {
+	if _, err := bootstrap.Generate(long, bootstrap.Options{}); err == nil || !strings.Contains(err.Error(), "FULL_DUPLEX_STREAMED") {
 		t.Errorf("max_wait_s beyond Envoy's message_timeout limit: err = %v", err)
 	}
-	if _, err := envoy.Bootstrap(long, envoy.BootstrapOptions{BodyMode: envoy.BodyFullDuplex}); err != nil {
+	if _, err := bootstrap.Generate(long, bootstrap.Options{BodyMode: bootstrap.BodyFullDuplex}); err != nil {
 		t.Errorf("max_wait_s 4000 in full duplex: %v", err)
 	}
 }

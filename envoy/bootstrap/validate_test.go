@@ -1,4 +1,4 @@
-package envoy_test
+package bootstrap_test
 
 import (
 	"encoding/json"
@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/narwhal-llm/narwhal/config"
-	"github.com/narwhal-llm/narwhal/envoy"
+	"github.com/narwhal-llm/narwhal/envoy/bootstrap"
 )
 
 // Paths into the generated bootstrap.
@@ -26,9 +26,9 @@ const (
 	origDstCl   = "static_resources.clusters[2]"
 )
 
-func generate(t testing.TB, cfg *config.Config, o envoy.BootstrapOptions) string {
+func generate(t testing.TB, cfg *config.Config, o bootstrap.Options) string {
 	t.Helper()
-	out, err := envoy.Bootstrap(cfg, o)
+	out, err := bootstrap.Generate(cfg, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ type want struct {
 	msg  string // substring of its message
 }
 
-func hasProblem(ps []envoy.Problem, w want) bool {
+func hasProblem(ps []bootstrap.Problem, w want) bool {
 	for _, p := range ps {
 		if p.Path == w.path && strings.Contains(p.Msg, w.msg) {
 			return true
@@ -67,7 +67,7 @@ func hasProblem(ps []envoy.Problem, w want) bool {
 	return false
 }
 
-func dump(ps []envoy.Problem) string {
+func dump(ps []bootstrap.Problem) string {
 	var b strings.Builder
 	for _, p := range ps {
 		b.WriteString("\n  ")
@@ -85,10 +85,10 @@ func TestTestdataGood(t *testing.T) {
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			data := readTestdata(t, filepath.Base(f))
-			if ps := envoy.ValidateBootstrap([]byte(data), cfg); len(ps) > 0 {
+			if ps := bootstrap.Validate([]byte(data), cfg); len(ps) > 0 {
 				t.Errorf("problems:%s", dump(ps))
 			}
-			if ps := envoy.ValidateBootstrap([]byte(data), nil); len(ps) > 0 {
+			if ps := bootstrap.Validate([]byte(data), nil); len(ps) > 0 {
 				t.Errorf("problems without a Narwhal config:%s", dump(ps))
 			}
 		})
@@ -100,8 +100,8 @@ func TestTestdataGood(t *testing.T) {
 // message names what is wrong.
 func TestRejects(t *testing.T) {
 	cfg := defaultConfig(t)
-	base := generate(t, cfg, envoy.BootstrapOptions{})
-	duplex := generate(t, cfg, envoy.BootstrapOptions{BodyMode: envoy.BodyFullDuplex})
+	base := generate(t, cfg, bootstrap.Options{})
+	duplex := generate(t, cfg, bootstrap.Options{BodyMode: bootstrap.BodyFullDuplex})
 	compose := generate(t, composeConfig(t), composeOptions)
 	subset := readTestdata(t, "good-static-subset.yaml")
 
@@ -405,11 +405,11 @@ func TestRejects(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			var ps []envoy.Problem
+			var ps []bootstrap.Problem
 			if c.noCfg {
-				ps = envoy.ValidateBootstrap([]byte(c.doc), nil)
+				ps = bootstrap.Validate([]byte(c.doc), nil)
 			} else {
-				ps = envoy.ValidateBootstrap([]byte(c.doc), cfg)
+				ps = bootstrap.Validate([]byte(c.doc), cfg)
 			}
 			if len(ps) == 0 {
 				t.Fatal("accepted")
@@ -451,7 +451,7 @@ func rdsDoc(t testing.TB, base string) string {
 // bootstrap's own ValidateAll does not see.
 func TestDeepAny(t *testing.T) {
 	cfg := defaultConfig(t)
-	doc := edit(t, generate(t, cfg, envoy.BootstrapOptions{}), "message_timeout: 35s", "message_timeout: 4000s")
+	doc := edit(t, generate(t, cfg, bootstrap.Options{}), "message_timeout: 35s", "message_timeout: 4000s")
 
 	js, err := yaml.YAMLToJSONStrict([]byte(doc))
 	if err != nil {
@@ -465,7 +465,7 @@ func TestDeepAny(t *testing.T) {
 		t.Fatalf("the top-level ValidateAll sees it (%v): this test no longer shows the descent", err)
 	}
 
-	ps := envoy.ValidateBootstrap([]byte(doc), cfg)
+	ps := bootstrap.Validate([]byte(doc), cfg)
 	if len(ps) != 1 {
 		t.Fatalf("want exactly one problem, got:%s", dump(ps))
 	}
@@ -482,7 +482,7 @@ func TestDeepAny(t *testing.T) {
 // validates, and that problems name the fields as written.
 func TestWrittenNames(t *testing.T) {
 	cfg := defaultConfig(t)
-	js, err := yaml.YAMLToJSONStrict([]byte(generate(t, cfg, envoy.BootstrapOptions{})))
+	js, err := yaml.YAMLToJSONStrict([]byte(generate(t, cfg, bootstrap.Options{})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -506,17 +506,17 @@ func TestWrittenNames(t *testing.T) {
 	if !strings.Contains(string(camel), `"messageTimeout": "35s"`) {
 		t.Fatalf("protojson did not write camelCase:\n%s", camel)
 	}
-	if ps := envoy.ValidateBootstrap(camel, cfg); len(ps) > 0 {
+	if ps := bootstrap.Validate(camel, cfg); len(ps) > 0 {
 		t.Fatalf("camelCase bootstrap: problems:%s", dump(ps))
 	}
 	bad := edit(t, string(camel), `"messageTimeout": "35s"`, `"messageTimeout": "20s"`)
-	ps := envoy.ValidateBootstrap([]byte(bad), cfg)
+	ps := bootstrap.Validate([]byte(bad), cfg)
 	w := want{"staticResources.listeners[0].filterChains[0].filters[0].typedConfig.httpFilters[0].typedConfig.messageTimeout", "is 20s"}
 	if !hasProblem(ps, w) {
 		t.Errorf("want %v; got:%s", w, dump(ps))
 	}
 	bad = edit(t, string(camel), `"messageTimeout": "35s"`, `"messageTimeout": "35s", "procesingMode": {}`)
-	ps = envoy.ValidateBootstrap([]byte(bad), cfg)
+	ps = bootstrap.Validate([]byte(bad), cfg)
 	w = want{"staticResources.listeners[0].filterChains[0].filters[0].typedConfig.httpFilters[0].typedConfig.procesingMode", `did you mean "processing_mode"?`}
 	if !hasProblem(ps, w) {
 		t.Errorf("want %v; got:%s", w, dump(ps))
@@ -525,13 +525,13 @@ func TestWrittenNames(t *testing.T) {
 
 // TestLines checks the line numbers of problems, through anchors and merge keys.
 func TestLines(t *testing.T) {
-	ps := envoy.ValidateBootstrap([]byte("node:\n  id: a\n  id: b\n"), nil)
+	ps := bootstrap.Validate([]byte("node:\n  id: a\n  id: b\n"), nil)
 	if len(ps) != 1 || ps[0].Line != 3 || !strings.Contains(ps[0].Msg, `"id" already set`) {
 		t.Errorf("duplicate key: %+v", ps)
 	}
 
 	doc := edit(t, readTestdata(t, "good-static-subset.yaml"), "explicit_http_config: {http2_protocol_options: {}}", "explicit_http_config: {http2_protocol_options: {}, bogus: 1}")
-	ps = envoy.ValidateBootstrap([]byte(doc), nil)
+	ps = bootstrap.Validate([]byte(doc), nil)
 	lines := strings.Split(doc, "\n")
 	found := false
 	for _, p := range ps {
