@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/narwhal-llm/narwhal/problem"
 )
 
 // twoEngines is the smallest valid fleet for the default floors.
@@ -33,12 +35,12 @@ func fourEngines() []Engine {
 	}
 }
 
-// problemsOf asserts that err is an Errors and returns it.
-func problemsOf(t *testing.T, err error) Errors {
+// problemsOf asserts that err is an problem.List and returns it.
+func problemsOf(t *testing.T, err error) problem.List {
 	t.Helper()
-	var errs Errors
+	var errs problem.List
 	if !errors.As(err, &errs) {
-		t.Fatalf("error %v (%T) is not config.Errors", err, err)
+		t.Fatalf("error %v (%T) is not config.problem.List", err, err)
 	}
 	return errs
 }
@@ -115,7 +117,7 @@ func checkComplete(t *testing.T, typ reflect.Type, n *yaml.Node, key *yaml.Node,
 		names, index := fields(typ)
 		for _, name := range names {
 			val, k := lookup(n, name)
-			p := joinKey(path, name)
+			p := problem.Key(path, name)
 			if val == nil {
 				t.Errorf("default.yaml lacks %s", p)
 				continue
@@ -125,10 +127,10 @@ func checkComplete(t *testing.T, typ reflect.Type, n *yaml.Node, key *yaml.Node,
 	case reflect.Map:
 		val, k := lookup(n, DefaultProfileName)
 		if val == nil {
-			t.Errorf("default.yaml lacks %s", joinKey(path, DefaultProfileName))
+			t.Errorf("default.yaml lacks %s", problem.Key(path, DefaultProfileName))
 			return
 		}
-		checkComplete(t, typ.Elem(), val, k, joinKey(path, DefaultProfileName), leaves)
+		checkComplete(t, typ.Elem(), val, k, problem.Key(path, DefaultProfileName), leaves)
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
 			t.Errorf("default.yaml: %s is not a list", path)
@@ -178,7 +180,7 @@ func TestDefaultYAMLIsCommented(t *testing.T) {
 		case yaml.MappingNode:
 			for i := 0; i+1 < len(n.Content); i += 2 {
 				k, v := n.Content[i], n.Content[i+1]
-				p := joinKey(path, k.Value)
+				p := problem.Key(path, k.Value)
 				if k.HeadComment == "" && k.LineComment == "" && v.LineComment == "" {
 					t.Errorf("default.yaml: key %s has no comment", p)
 				}
@@ -331,7 +333,7 @@ engines:
 		{name: "profile without curves", src: "profiles:\n  empty: {kv_transfer_s: 0}\n" + twoEngines,
 			line: `profiles.empty: must have a prefill curve, a decode curve or both`},
 		{name: "bad profile name", src: "profiles:\n  \"big one\": {decode: {base_s: 0.01}}\n" + twoEngines,
-			line: `profiles."big one": a profile name must use only A-Z a-z 0-9 . _ -, got "big one"`},
+			line: `profiles["big one"]: a profile name must use only A-Z a-z 0-9 . _ -, got "big one"`},
 		{name: "bad role", src: "engines:\n  - {id: e1, address: \"127.0.0.1:8001\", role: prefil}\n  - {id: e2, address: \"127.0.0.1:8002\", role: decode}\n",
 			line: `engines[0].role: must be prefill or decode, got "prefil"`},
 		{name: "bad handoff", src: "router: {handoff: push}\n" + twoEngines,
@@ -369,7 +371,7 @@ engines:
 		{name: "not a mapping", src: "- a\n- b\n",
 			line: `line 1: the config must be a mapping of keys, found a list`},
 		{name: "bad merge", src: "slo:\n  <<: 5\n" + twoEngines,
-			path: `slo."<<"`, phrase: "a merge key needs a mapping"},
+			path: `slo["<<"]`, phrase: "a merge key needs a mapping"},
 	}
 }
 
@@ -403,7 +405,7 @@ func TestLoadRejects(t *testing.T) {
 	}
 }
 
-func hasLine(errs Errors, tc badCase) bool {
+func hasLine(errs problem.List, tc badCase) bool {
 	for _, p := range errs {
 		line := p.String()
 		switch {
@@ -627,7 +629,7 @@ func TestValidate(t *testing.T) {
 	cfg.Controller.Thresholds.DwellS = -1
 	cfg.Engines[3].Role = "both"
 	errs := problemsOf(t, cfg.Validate())
-	want := Errors{
+	want := problem.List{
 		{Path: "controller.thresholds.dwell_s", Msg: "must be >= 0, got -1"},
 		{Path: "engines[3].role", Msg: `must be prefill or decode, got "both"`},
 	}
@@ -658,7 +660,7 @@ func TestLoadFile(t *testing.T) {
 	}
 	missing := filepath.Join(dir, "missing.yaml")
 	_, err := LoadFile(missing)
-	var errs Errors
+	var errs problem.List
 	if err == nil || errors.As(err, &errs) || !strings.Contains(err.Error(), missing) {
 		t.Errorf("LoadFile(missing) = %v, want a plain error naming the file", err)
 	}
@@ -668,7 +670,7 @@ func TestLoadFile(t *testing.T) {
 }
 
 func TestErrorsFormat(t *testing.T) {
-	errs := Errors{{Path: "a.b", Msg: "bad"}, {Msg: "syntax error: line 1: x"}}
+	errs := problem.List{{Path: "a.b", Msg: "bad"}, {Msg: "syntax error: line 1: x"}}
 	if got, want := errs.Error(), "a.b: bad\nsyntax error: line 1: x"; got != want {
 		t.Errorf("Error() = %q, want %q", got, want)
 	}
@@ -703,9 +705,9 @@ func FuzzLoad(f *testing.F) {
 		if cfg != nil {
 			t.Fatal("config returned with an error")
 		}
-		var errs Errors
+		var errs problem.List
 		if !errors.As(err, &errs) || len(errs) == 0 {
-			t.Fatalf("error is not a non-empty Errors: %v", err)
+			t.Fatalf("error is not a non-empty problem.List: %v", err)
 		}
 		for _, p := range errs {
 			if p.Msg == "" || strings.Contains(p.String(), "\n") {

@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/narwhal-llm/narwhal/problem"
 )
 
 // YAML short tags the decoder tells apart.
@@ -28,7 +30,7 @@ type defaulter interface{ setDefaults() }
 // decoder decodes a yaml.Node tree onto a Go value by reflection, using the yaml struct
 // tags, and collects every problem instead of stopping at the first.
 type decoder struct {
-	problems []Problem
+	problems []problem.Problem
 	// tainted lists the paths whose values could not be decoded; validation says nothing
 	// about them or about rules that depend on them.
 	tainted []string
@@ -65,7 +67,7 @@ func (d *decoder) note(path, msg string) {
 	if d.exhausted {
 		return
 	}
-	d.problems = append(d.problems, Problem{Path: path, Msg: msg})
+	d.problems = append(d.problems, problem.Problem{Path: path, Msg: msg})
 	if len(d.problems) == maxProblems {
 		d.stop(fmt.Sprintf("too many problems; stopped after %d", maxProblems))
 	}
@@ -73,7 +75,7 @@ func (d *decoder) note(path, msg string) {
 
 // stop ends decoding with a last problem; validation is skipped.
 func (d *decoder) stop(msg string) {
-	d.problems = append(d.problems, Problem{Msg: msg})
+	d.problems = append(d.problems, problem.Problem{Msg: msg})
 	d.exhausted = true
 }
 
@@ -193,10 +195,10 @@ func (d *decoder) structure(n *yaml.Node, v reflect.Value, path string) {
 	for _, e := range d.entries(n, path) {
 		i, ok := index[e.name]
 		if !ok {
-			d.note(joinKey(path, e.name), unknownKey(e.name, names))
+			d.note(problem.Key(path, e.name), unknownKey(e.name, names))
 			continue
 		}
-		d.value(e.val, v.Field(i), joinKey(path, e.name))
+		d.value(e.val, v.Field(i), problem.Key(path, e.name))
 	}
 }
 
@@ -221,49 +223,10 @@ func fields(t reflect.Type) ([]string, map[string]int) {
 
 // unknownKey words the problem of a key the schema lacks, suggesting a close one.
 func unknownKey(key string, known []string) string {
-	if s := suggest(key, known); s != "" {
+	if s := problem.Suggest(key, known); s != "" {
 		return fmt.Sprintf("unknown key (did you mean %q?)", s)
 	}
 	return "unknown key; known keys: " + strings.Join(known, ", ")
-}
-
-// suggest returns the known key closest to key when it is close enough to be a typo.
-func suggest(key string, known []string) string {
-	if len(key) > 64 {
-		return ""
-	}
-	best, bestDist := "", 3
-	for _, k := range known {
-		if strings.EqualFold(k, key) {
-			return k
-		}
-		if dist := EditDistance(key, k); dist < bestDist && dist < len(k) {
-			best, bestDist = k, dist
-		}
-	}
-	return best
-}
-
-// EditDistance is the Levenshtein distance between a and b, in bytes (for did-you-mean
-// suggestions here and in Envoy config validation).
-func EditDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // mapping decodes a YAML mapping into a Go map with string keys. An entry under an existing
@@ -284,7 +247,7 @@ func (d *decoder) mapping(n *yaml.Node, v reflect.Value, path string) {
 		} else {
 			setDefaults(elem.Addr())
 		}
-		d.value(e.val, elem, joinKey(path, e.name))
+		d.value(e.val, elem, problem.Key(path, e.name))
 		v.SetMapIndex(key, elem)
 	}
 }
@@ -300,7 +263,7 @@ func (d *decoder) sequence(n *yaml.Node, v reflect.Value, path string) {
 	for i, item := range n.Content {
 		elem := s.Index(i)
 		setDefaults(elem.Addr())
-		d.value(item, elem, fmt.Sprintf("%s[%d]", path, i))
+		d.value(item, elem, problem.Index(path, i))
 	}
 	v.Set(s)
 }
@@ -430,18 +393,6 @@ func clip(s string) string {
 	return string(r[:limit]) + "..."
 }
 
-// joinKey appends a mapping key to a dotted path. Keys made of [A-Za-z0-9._-] are written
-// as they are (profile names contain dots); any other key is quoted.
-func joinKey(path, key string) string {
-	if !isName(key) {
-		key = strconv.Quote(key)
-	}
-	if path == "" {
-		return key
-	}
-	return path + "." + key
-}
-
 // isName reports whether s is non-empty and made only of [A-Za-z0-9._-].
 func isName(s string) bool {
 	if s == "" {
@@ -500,7 +451,7 @@ func (d *decoder) collect(n *yaml.Node, path string, report bool, visiting map[*
 			}
 		case first[k.Value] != key:
 			if report {
-				d.fail(joinKey(path, k.Value), fmt.Sprintf("duplicate key (first at line %d)", first[k.Value].Line))
+				d.fail(problem.Key(path, k.Value), fmt.Sprintf("duplicate key (first at line %d)", first[k.Value].Line))
 			}
 		default:
 			have[k.Value] = true
@@ -538,12 +489,12 @@ func (d *decoder) merge(val *yaml.Node, path string, report bool, visiting map[*
 		switch {
 		case src == nil || src.Kind != yaml.MappingNode:
 			if report {
-				d.fail(joinKey(path, "<<"), fmt.Sprintf("line %d: a merge key needs a mapping or a list of mappings", val.Line))
+				d.fail(problem.Key(path, "<<"), fmt.Sprintf("line %d: a merge key needs a mapping or a list of mappings", val.Line))
 			}
 			continue
 		case visiting[src]:
 			if report {
-				d.fail(joinKey(path, "<<"), fmt.Sprintf("line %d: a merge key refers to a mapping that contains it", val.Line))
+				d.fail(problem.Key(path, "<<"), fmt.Sprintf("line %d: a merge key refers to a mapping that contains it", val.Line))
 			}
 			continue
 		}

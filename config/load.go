@@ -9,36 +9,9 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/narwhal-llm/narwhal/problem"
 )
-
-// Problem is one thing wrong with a config: the dotted path of the key (list indices and map
-// keys included, e.g. "engines[2].address" or "profiles.big.prefill.base_s") and what is
-// wrong with it. Path is empty for problems of the document as a whole (a syntax error).
-type Problem struct {
-	Path string
-	Msg  string
-}
-
-// String renders the problem as one line, "path.to.key: what is wrong".
-func (p Problem) String() string {
-	if p.Path == "" {
-		return p.Msg
-	}
-	return p.Path + ": " + p.Msg
-}
-
-// Errors is every problem found in a config, in a deterministic order: decoding problems
-// in document order, then validation problems in validation order.
-type Errors []Problem
-
-// Error prints one line per problem.
-func (e Errors) Error() string {
-	lines := make([]string, len(e))
-	for i, p := range e {
-		lines[i] = p.String()
-	}
-	return strings.Join(lines, "\n")
-}
 
 // Load decodes a YAML config strictly onto Default() and validates it.
 //
@@ -50,7 +23,7 @@ func (e Errors) Error() string {
 // max_streams and max_kv_tokens, and a new engine with profile DefaultProfileName. Anchors,
 // aliases and merge keys ("<<") are understood.
 //
-// On any problem Load returns a nil Config and an Errors listing all of them: decoding
+// On any problem Load returns a nil Config and an problem.List listing all of them: decoding
 // problems (unknown or duplicate keys, wrong types, syntax) in document order, then the
 // Validate problems, leaving out those that only follow from a value that failed to decode.
 func Load(data []byte) (*Config, error) {
@@ -60,13 +33,13 @@ func Load(data []byte) (*Config, error) {
 		problems = append(problems, cfg.check().visible(res.tainted)...)
 	}
 	if len(problems) > 0 {
-		return nil, Errors(problems)
+		return nil, problem.List(problems)
 	}
 	return cfg, nil
 }
 
 // LoadFile reads the file at path and Loads it. A file that cannot be read gives a plain
-// error naming the file; a file that can be read but is invalid gives Errors.
+// error naming the file; a file that can be read but is invalid gives problem.List.
 func LoadFile(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -79,7 +52,7 @@ func LoadFile(path string) (*Config, error) {
 // paths whose values could not be decoded (validation stays silent about them, to avoid
 // cascades), and whether the document could not be decoded at all.
 type decodeResult struct {
-	problems []Problem
+	problems []problem.Problem
 	tainted  []string
 	fatal    bool
 }
@@ -89,7 +62,7 @@ func decode(data []byte) (*Config, decodeResult) {
 	cfg := Default()
 	root, err := parse(data)
 	if err != nil {
-		return cfg, decodeResult{problems: []Problem{{Msg: err.Error()}}, fatal: true}
+		return cfg, decodeResult{problems: []problem.Problem{{Msg: err.Error()}}, fatal: true}
 	}
 	if root == nil {
 		return cfg, decodeResult{}

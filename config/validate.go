@@ -8,24 +8,26 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/narwhal-llm/narwhal/problem"
 )
 
 // Validate checks the rules that decoding cannot: ranges, enums, addresses, references
-// between keys (engine profiles, fault engines) and the role floors. It returns Errors,
-// one Problem per broken rule in a fixed order, or nil when the config is valid.
+// between keys (engine profiles, fault engines) and the role floors. It returns problem.List,
+// one problem.Problem per broken rule in a fixed order, or nil when the config is valid.
 func (c *Config) Validate() error {
 	if c == nil {
-		return Errors{{Msg: "config is nil"}}
+		return problem.List{{Msg: "config is nil"}}
 	}
 	if problems := c.check().visible(nil); len(problems) > 0 {
-		return Errors(problems)
+		return problem.List(problems)
 	}
 	return nil
 }
 
 // finding is a validation problem together with the paths whose values it depends on.
 type finding struct {
-	Problem
+	problem.Problem
 	deps []string
 }
 
@@ -33,8 +35,8 @@ type findings []finding
 
 // visible drops the findings that depend on a path that could not be decoded (or on a
 // path above or below one), so that one bad value does not cascade into nonsense.
-func (fs findings) visible(tainted []string) []Problem {
-	var out []Problem
+func (fs findings) visible(tainted []string) []problem.Problem {
+	var out []problem.Problem
 	for _, f := range fs {
 		if !dependsOnAny(f.deps, tainted) {
 			out = append(out, f.Problem)
@@ -72,7 +74,7 @@ type checker struct {
 // add records a problem at path; deps are the other paths the rule reads.
 func (k *checker) add(path string, deps []string, format string, args ...any) {
 	k.out = append(k.out, finding{
-		Problem: Problem{Path: path, Msg: fmt.Sprintf(format, args...)},
+		Problem: problem.Problem{Path: path, Msg: fmt.Sprintf(format, args...)},
 		deps:    append([]string{path}, deps...),
 	})
 }
@@ -433,7 +435,7 @@ func (p *Profile) CanHold(role string) bool {
 
 func (k *checker) profiles(profiles map[string]Profile) {
 	for _, name := range sortedNames(profiles) {
-		k.profile(joinKey("profiles", name), name, profiles[name])
+		k.profile(problem.Key("profiles", name), name, profiles[name])
 	}
 }
 
@@ -550,10 +552,10 @@ func (k *checker) engineRole(p string, e Engine, profiles map[string]Profile) bo
 	case !known:
 		// A profile that failed to decode is still in the map, so only a failure of the
 		// whole profiles mapping (related to this path) can make this a cascade.
-		k.add(p+".profile", []string{joinKey("profiles", e.Profile)}, "unknown profile %q; known: %s", e.Profile, knownList(sortedNames(profiles)))
+		k.add(p+".profile", []string{problem.Key("profiles", e.Profile)}, "unknown profile %q; known: %s", e.Profile, knownList(sortedNames(profiles)))
 		return false
 	case roleOK && !prof.CanHold(e.Role):
-		k.add(p+".profile", []string{p + ".role", joinKey("profiles", e.Profile)},
+		k.add(p+".profile", []string{p + ".role", problem.Key("profiles", e.Profile)},
 			"profile %q has no %s curve, so it cannot hold role %s", e.Profile, e.Role, e.Role)
 		return false
 	}

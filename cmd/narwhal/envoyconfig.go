@@ -57,9 +57,5 @@ func validateEnvoy(stdout io.Writer, file string, cfg *config.Config) error {
 		fmt.Fprintln(stdout, "ok")
 		return nil
 	}
-	errs := make(config.Errors, 0, len(problems))
-	for _, p := range problems {
-		errs = append(errs, config.Problem{Path: p.Path, Msg: p.Msg})
-	}
-	return usageErr(errs)
+	return usageErr(problems)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/problem"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -50,7 +51,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "narwhal: %v\n", err) // cobra's own usage errors
 		return exitUsage
 	}
-	var cerrs config.Errors
+	var cerrs problem.List
 	if errors.As(ee.err, &cerrs) {
 		fmt.Fprint(stderr, cerrs.Error(), "\n") // one line per problem, no prefix: path: what
 	} else {

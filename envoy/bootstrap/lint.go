@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/problem"
 	"github.com/narwhal-llm/narwhal/wire"
 )
 
@@ -88,7 +89,7 @@ const (
 // such a route in every virtual host; route clusters from CDS are <prefix>-prefill, -decode or
 // -engines, which no static cluster may shadow, and static EDS clusters fed by ADS subscribe to
 // one of them.
-func lintBootstrap(b *bootstrapv3.Bootstrap, cfg *config.Config) []Problem {
+func lintBootstrap(b *bootstrapv3.Bootstrap, cfg *config.Config) []problem.Problem {
 	l := &linter{b: b, cfg: cfg, clusters: map[string]lintCluster{}, extProcRefs: map[string]string{}}
 	l.indexClusters()
 	l.dynamicResources()
@@ -96,7 +97,7 @@ func lintBootstrap(b *bootstrapv3.Bootstrap, cfg *config.Config) []Problem {
 		l.cluster(c)
 	}
 	for i, ln := range b.GetStaticResources().GetListeners() {
-		l.listener(ln, pathIndex("static_resources.listeners", i))
+		l.listener(ln, problem.Index("static_resources.listeners", i))
 	}
 	l.extProcClusters()
 	if !l.sawExtProc {
@@ -116,7 +117,7 @@ type lintCluster struct {
 type linter struct {
 	b           *bootstrapv3.Bootstrap
 	cfg         *config.Config
-	out         []Problem
+	out         []problem.Problem
 	clusters    map[string]lintCluster
 	clusterList []lintCluster
 	originalDst []string
@@ -126,10 +127,10 @@ type linter struct {
 }
 
 func (l *linter) add(path, format string, args ...any) {
-	l.out = append(l.out, Problem{Path: path, Msg: fmt.Sprintf(format, args...)})
+	l.out = append(l.out, problem.Problem{Path: path, Msg: fmt.Sprintf(format, args...)})
 }
 
-func dedupe(ps []Problem) []Problem {
+func dedupe(ps []problem.Problem) []problem.Problem {
 	seen := map[string]bool{}
 	out := ps[:0]
 	for _, p := range ps {
@@ -167,9 +168,9 @@ func (l *linter) fromCDS(name string) bool {
 
 func (l *linter) indexClusters() {
 	for i, c := range l.b.GetStaticResources().GetClusters() {
-		lc := lintCluster{c: c, path: pathIndex("static_resources.clusters", i)}
+		lc := lintCluster{c: c, path: problem.Index("static_resources.clusters", i)}
 		if prev, dup := l.clusters[c.GetName()]; dup {
-			l.add(pathKey(lc.path, "name"), "cluster %q is defined twice (also at %s)", c.GetName(), prev.path)
+			l.add(problem.Key(lc.path, "name"), "cluster %q is defined twice (also at %s)", c.GetName(), prev.path)
 			continue
 		}
 		l.clusters[c.GetName()] = lc
@@ -185,25 +186,25 @@ func (l *linter) isOriginalDst(name string) bool { return slices.Contains(l.orig
 func (l *linter) cluster(lc lintCluster) {
 	c, p := lc.c, lc.path
 	if slices.Contains(l.narwhalClusters(), c.GetName()) {
-		l.add(pathKey(p, "name"), "%q is a cluster Narwhal publishes over CDS (xds.cluster_prefix %q); Envoy refuses a CDS update of a static cluster, so the whole update would be rejected: rename this one",
+		l.add(problem.Key(p, "name"), "%q is a cluster Narwhal publishes over CDS (xds.cluster_prefix %q); Envoy refuses a CDS update of a static cluster, so the whole update would be rejected: rename this one",
 			c.GetName(), l.cfg.XDS.ClusterPrefix)
 	}
 	if l.isOriginalDst(c.GetName()) {
 		l.originalDstCluster(lc)
 	}
 	if sc := c.GetLbSubsetConfig(); sc != nil {
-		sp := pathKey(p, "lb_subset_config")
+		sp := problem.Key(p, "lb_subset_config")
 		for i, sel := range sc.GetSubsetSelectors() {
 			for j, k := range sel.GetKeys() {
 				if k != wire.LBRoleKey {
-					l.add(pathIndex(pathKey(pathIndex(pathKey(sp, "subset_selectors"), i), "keys"), j),
+					l.add(problem.Index(problem.Key(problem.Index(problem.Key(sp, "subset_selectors"), i), "keys"), j),
 						"subset key %q: the subset load balancer reads endpoint filter_metadata[%q], where Narwhal publishes only %q (engine_id, lifecycle and pinned are under \"narwhal\", which it does not read)", k, wire.LBNamespace, wire.LBRoleKey)
 				}
 			}
 		}
 		for k := range sortedStruct(sc.GetDefaultSubset()) {
 			if k != wire.LBRoleKey {
-				l.add(pathKey(pathKey(sp, "default_subset"), k), "subset key %q: Narwhal publishes only %q under filter_metadata[%q]", k, wire.LBRoleKey, wire.LBNamespace)
+				l.add(problem.Key(problem.Key(sp, "default_subset"), k), "subset key %q: Narwhal publishes only %q under filter_metadata[%q]", k, wire.LBRoleKey, wire.LBNamespace)
 			}
 		}
 	}
@@ -211,14 +212,14 @@ func (l *linter) cluster(lc lintCluster) {
 		eds := c.GetEdsClusterConfig()
 		if eds.GetEdsConfig().GetAds() != nil {
 			if l.b.GetDynamicResources().GetAdsConfig() == nil {
-				l.add(pathFields(p, "eds_cluster_config.eds_config.ads"), "takes endpoints from ADS, but dynamic_resources.ads_config is not set")
+				l.add(problem.Fields(p, "eds_cluster_config.eds_config.ads"), "takes endpoints from ADS, but dynamic_resources.ads_config is not set")
 			}
 			svc := eds.GetServiceName()
 			if svc == "" {
 				svc = c.GetName()
 			}
 			if names := l.narwhalClusters(); names != nil && !slices.Contains(names, svc) {
-				l.add(pathFields(p, "eds_cluster_config.service_name"), "subscribes to endpoints %q over ADS, but Narwhal publishes only %s", svc, strings.Join(names, ", "))
+				l.add(problem.Fields(p, "eds_cluster_config.service_name"), "subscribes to endpoints %q over ADS, but Narwhal publishes only %s", svc, strings.Join(names, ", "))
 			}
 		}
 	}
@@ -227,22 +228,22 @@ func (l *linter) cluster(lc lintCluster) {
 func (l *linter) originalDstCluster(lc lintCluster) {
 	c, p := lc.c, lc.path
 	if c.GetLbPolicy() != clusterv3.Cluster_CLUSTER_PROVIDED {
-		l.add(pathKey(p, "lb_policy"), "is %s, but an ORIGINAL_DST cluster needs CLUSTER_PROVIDED (Envoy refuses any other)", c.GetLbPolicy())
+		l.add(problem.Key(p, "lb_policy"), "is %s, but an ORIGINAL_DST cluster needs CLUSTER_PROVIDED (Envoy refuses any other)", c.GetLbPolicy())
 	}
 	od := c.GetOriginalDstLbConfig()
 	switch {
 	case od == nil:
-		l.add(pathKey(p, "original_dst_lb_config"), "missing: set {use_http_header: true, http_header_name: %s} so the cluster sends each request to the engine Narwhal names", wire.HeaderDestination)
+		l.add(problem.Key(p, "original_dst_lb_config"), "missing: set {use_http_header: true, http_header_name: %s} so the cluster sends each request to the engine Narwhal names", wire.HeaderDestination)
 	case !od.GetUseHttpHeader():
-		l.add(pathFields(p, "original_dst_lb_config.use_http_header"), "must be true: the destination is the %s header Narwhal sets", wire.HeaderDestination)
+		l.add(problem.Fields(p, "original_dst_lb_config.use_http_header"), "must be true: the destination is the %s header Narwhal sets", wire.HeaderDestination)
 	case !validHeaderName(od.GetHttpHeaderName()):
-		l.add(pathFields(p, "original_dst_lb_config.http_header_name"), "%q is not a valid HTTP header name; Narwhal names the destination in %s", od.GetHttpHeaderName(), wire.HeaderDestination)
+		l.add(problem.Fields(p, "original_dst_lb_config.http_header_name"), "%q is not a valid HTTP header name; Narwhal names the destination in %s", od.GetHttpHeaderName(), wire.HeaderDestination)
 	case od.GetHttpHeaderName() != wire.HeaderDestination:
 		name := od.GetHttpHeaderName()
 		if name == "" {
 			name = "x-envoy-original-dst-host (the default)"
 		}
-		l.add(pathFields(p, "original_dst_lb_config.http_header_name"), "is %s, but Narwhal names the destination in %s", name, wire.HeaderDestination)
+		l.add(problem.Fields(p, "original_dst_lb_config.http_header_name"), "is %s, but Narwhal names the destination in %s", name, wire.HeaderDestination)
 	}
 	if l.cfg != nil {
 		need := fleetStreams(l.cfg)
@@ -283,11 +284,11 @@ func fleetStreams(cfg *config.Config) int {
 
 // breakers checks the DEFAULT priority circuit breaker thresholds of a cluster.
 func (l *linter) breakers(lc lintCluster, need int, why string, fields ...string) {
-	p := pathKey(lc.path, "circuit_breakers")
+	p := problem.Key(lc.path, "circuit_breakers")
 	var th *clusterv3.CircuitBreakers_Thresholds
 	for i, t := range lc.c.GetCircuitBreakers().GetThresholds() {
 		if t.GetPriority() == corev3.RoutingPriority_DEFAULT {
-			th, p = t, pathIndex(pathKey(p, "thresholds"), i)
+			th, p = t, problem.Index(problem.Key(p, "thresholds"), i)
 			break
 		}
 	}
@@ -299,7 +300,7 @@ func (l *linter) breakers(lc lintCluster, need int, why string, fields ...string
 			}
 		}
 		if v < uint64(need) {
-			fp := pathKey(p, f)
+			fp := problem.Key(p, f)
 			if th == nil {
 				fp = p
 			}
@@ -319,17 +320,17 @@ func (l *linter) dynamicResources() {
 	} else {
 		p := "dynamic_resources.ads_config"
 		if t := ads.GetApiType(); t != corev3.ApiConfigSource_GRPC && t != corev3.ApiConfigSource_DELTA_GRPC {
-			l.add(pathKey(p, "api_type"), "is %s; Narwhal's ADS server speaks GRPC (state of the world) or DELTA_GRPC", t)
+			l.add(problem.Key(p, "api_type"), "is %s; Narwhal's ADS server speaks GRPC (state of the world) or DELTA_GRPC", t)
 		}
 		if ads.GetTransportApiVersion() != corev3.ApiVersion_V3 {
-			l.add(pathKey(p, "transport_api_version"), "is %s; must be V3 (Envoy refuses other xDS transport versions)", ads.GetTransportApiVersion())
+			l.add(problem.Key(p, "transport_api_version"), "is %s; must be V3 (Envoy refuses other xDS transport versions)", ads.GetTransportApiVersion())
 		}
 		gs := ads.GetGrpcServices()
 		if len(gs) != 1 {
-			l.add(pathKey(p, "grpc_services"), "must list exactly one gRPC service (Narwhal's ADS server), got %d", len(gs))
+			l.add(problem.Key(p, "grpc_services"), "must list exactly one gRPC service (Narwhal's ADS server), got %d", len(gs))
 		}
 		if len(gs) > 0 {
-			l.grpcTarget(gs[0], pathIndex(pathKey(p, "grpc_services"), 0), "listen.xds", l.listen("xds"), false)
+			l.grpcTarget(gs[0], problem.Index(problem.Key(p, "grpc_services"), 0), "listen.xds", l.listen("xds"), false)
 		}
 	}
 	cds := dr.GetCdsConfig()
@@ -364,7 +365,7 @@ func (l *linter) grpcTarget(g *corev3.GrpcService, p, key, want string, extProc 
 	switch {
 	case g.GetEnvoyGrpc() != nil:
 		name := g.GetEnvoyGrpc().GetClusterName()
-		cp := pathFields(p, "envoy_grpc.cluster_name")
+		cp := problem.Fields(p, "envoy_grpc.cluster_name")
 		lc, ok := l.clusters[name]
 		if !ok {
 			l.add(cp, "cluster %q is not defined under static_resources.clusters (a gRPC service to Narwhal needs a static cluster)", name)
@@ -382,11 +383,11 @@ func (l *linter) grpcTarget(g *corev3.GrpcService, p, key, want string, extProc 
 			target := strings.TrimPrefix(g.GetGoogleGrpc().GetTargetUri(), "dns:///")
 			h, port, err := net.SplitHostPort(target)
 			if err != nil {
-				l.add(pathFields(p, "google_grpc.target_uri"), "must be host:port of %s (%s), got %q", key, want, target)
+				l.add(problem.Fields(p, "google_grpc.target_uri"), "must be host:port of %s (%s), got %q", key, want, target)
 				return
 			}
 			if msg := addrMismatch(h, port, key, want); msg != "" {
-				l.add(pathFields(p, "google_grpc.target_uri"), "%s", msg)
+				l.add(problem.Fields(p, "google_grpc.target_uri"), "%s", msg)
 			}
 		}
 	}
@@ -397,7 +398,7 @@ func (l *linter) grpcTarget(g *corev3.GrpcService, p, key, want string, extProc 
 func (l *linter) grpcCluster(lc lintCluster, key, want string) {
 	c, p := lc.c, lc.path
 	if !speaksHTTP2(c) {
-		l.add(pathKey(pathKey(p, "typed_extension_protocol_options"), httpOptionsKey),
+		l.add(problem.Key(problem.Key(p, "typed_extension_protocol_options"), httpOptionsKey),
 			"cluster %q carries gRPC to Narwhal and must speak HTTP/2: set typed_extension_protocol_options[%q] {\"@type\": type.googleapis.com/%s, explicit_http_config: {http2_protocol_options: {}}}",
 			c.GetName(), httpOptionsKey, httpOptionsKey)
 	}
@@ -406,15 +407,15 @@ func (l *linter) grpcCluster(lc lintCluster, key, want string) {
 		path string
 	}
 	var eps []ep
-	ap := pathFields(p, "load_assignment.endpoints")
+	ap := problem.Fields(p, "load_assignment.endpoints")
 	for i, le := range c.GetLoadAssignment().GetEndpoints() {
 		for j, lb := range le.GetLbEndpoints() {
 			eps = append(eps, ep{lb.GetEndpoint().GetAddress().GetSocketAddress(),
-				pathFields(pathIndex(pathKey(pathIndex(ap, i), "lb_endpoints"), j), "endpoint.address.socket_address")})
+				problem.Fields(problem.Index(problem.Key(problem.Index(ap, i), "lb_endpoints"), j), "endpoint.address.socket_address")})
 		}
 	}
 	if len(eps) != 1 {
-		l.add(pathKey(p, "load_assignment"), "cluster %q must have exactly one endpoint, Narwhal's %s, got %d (Narwhal's router state lives in one process)", c.GetName(), key, len(eps))
+		l.add(problem.Key(p, "load_assignment"), "cluster %q must have exactly one endpoint, Narwhal's %s, got %d (Narwhal's router state lives in one process)", c.GetName(), key, len(eps))
 		return
 	}
 	if eps[0].sa == nil {
@@ -502,18 +503,18 @@ func (l *linter) extProcClusters() {
 
 func (l *linter) listener(ln *listenerv3.Listener, p string) {
 	limit := uint64(envoyDefaultBufferLimit)
-	limitPath := pathKey(p, "per_connection_buffer_limit_bytes")
+	limitPath := problem.Key(p, "per_connection_buffer_limit_bytes")
 	if v := ln.GetPerConnectionBufferLimitBytes(); v != nil {
 		limit = uint64(v.GetValue())
 	}
 	chains := ln.GetFilterChains()
 	paths := make([]string, len(chains))
 	for i := range chains {
-		paths[i] = pathIndex(pathKey(p, "filter_chains"), i)
+		paths[i] = problem.Index(problem.Key(p, "filter_chains"), i)
 	}
 	if dc := ln.GetDefaultFilterChain(); dc != nil {
 		chains = append(chains, dc)
-		paths = append(paths, pathKey(p, "default_filter_chain"))
+		paths = append(paths, problem.Key(p, "default_filter_chain"))
 	}
 	for i, fc := range chains {
 		for j, f := range fc.GetFilters() {
@@ -525,17 +526,9 @@ func (l *linter) listener(ln *listenerv3.Listener, p string) {
 			if a.UnmarshalTo(&hcm) != nil {
 				continue
 			}
-			l.hcm(&hcm, pathKey(pathIndex(pathKey(paths[i], "filters"), j), "typed_config"), limit, limitPath, ln.GetPerConnectionBufferLimitBytes() != nil)
+			l.hcm(&hcm, problem.Key(problem.Index(problem.Key(paths[i], "filters"), j), "typed_config"), limit, limitPath, ln.GetPerConnectionBufferLimitBytes() != nil)
 		}
 	}
-}
-
-// pathFields appends a dotted chain of field names to a path.
-func pathFields(path, fields string) string {
-	if path == "" {
-		return fields
-	}
-	return path + "." + fields
 }
 
 func typeName(a *anypb.Any) string {
@@ -567,7 +560,7 @@ func (l *linter) hcm(h *hcmv3.HttpConnectionManager, p string, limit uint64, lim
 	filters := h.GetHttpFilters()
 	router := -1
 	for i, f := range filters {
-		fp := pathIndex(pathKey(p, "http_filters"), i)
+		fp := problem.Index(problem.Key(p, "http_filters"), i)
 		switch typeName(f.GetTypedConfig()) {
 		case routerFilterType:
 			router = i
@@ -580,15 +573,15 @@ func (l *linter) hcm(h *hcmv3.HttpConnectionManager, p string, limit uint64, lim
 			if router >= 0 {
 				l.add(fp, "the ext_proc filter comes after the router filter (http_filters[%d]), so it never runs: put it before", router)
 			}
-			ef := extProcFilter{name: f.GetName(), cfg: &ep, path: pathKey(fp, "typed_config"), disabled: f.GetDisabled()}
+			ef := extProcFilter{name: f.GetName(), cfg: &ep, path: problem.Key(fp, "typed_config"), disabled: f.GetDisabled()}
 			ctx.extProcs = append(ctx.extProcs, ef)
 			l.extProc(ef)
 		}
 	}
 	if router < 0 {
-		l.add(pathKey(p, "http_filters"), "no router filter (%s): it must be the last HTTP filter", routerFilterType)
+		l.add(problem.Key(p, "http_filters"), "no router filter (%s): it must be the last HTTP filter", routerFilterType)
 	} else if router != len(filters)-1 {
-		l.add(pathIndex(pathKey(p, "http_filters"), router), "the router filter must be the last HTTP filter")
+		l.add(problem.Index(problem.Key(p, "http_filters"), router), "the router filter must be the last HTTP filter")
 	}
 	if l.cfg != nil {
 		maxWait := seconds(l.cfg.Router.WaitingSet.MaxWaitS)
@@ -597,23 +590,23 @@ func (l *linter) hcm(h *hcmv3.HttpConnectionManager, p string, limit uint64, lim
 			idle = d.AsDuration()
 		}
 		if idle != 0 && idle <= maxWait {
-			l.add(pathKey(p, "stream_idle_timeout"), "is %s%s, not above router.waiting_set.max_wait_s (%s): a request waiting in Narwhal's waiting set sends nothing, and Envoy would end it with 408; raise it (or 0 to disable)",
+			l.add(problem.Key(p, "stream_idle_timeout"), "is %s%s, not above router.waiting_set.max_wait_s (%s): a request waiting in Narwhal's waiting set sends nothing, and Envoy would end it with 408; raise it (or 0 to disable)",
 				fmtDuration(idle), defaultNote(h.GetStreamIdleTimeout() == nil), fmtDuration(maxWait))
 		}
 		if d := h.GetRequestTimeout(); d != nil && d.AsDuration() != 0 && d.AsDuration() <= maxWait {
-			l.add(pathKey(p, "request_timeout"), "is %s, not above router.waiting_set.max_wait_s (%s): it covers the time a request waits in Narwhal's waiting set", fmtDuration(d.AsDuration()), fmtDuration(maxWait))
+			l.add(problem.Key(p, "request_timeout"), "is %s, not above router.waiting_set.max_wait_s (%s): it covers the time a request waits in Narwhal's waiting set", fmtDuration(d.AsDuration()), fmtDuration(maxWait))
 		}
 	}
 	switch {
 	case h.GetRouteConfig() != nil:
-		ctx.rc, ctx.rcPath = h.GetRouteConfig(), pathKey(p, "route_config")
+		ctx.rc, ctx.rcPath = h.GetRouteConfig(), problem.Key(p, "route_config")
 		l.routes(ctx)
 	case h.GetRds() != nil:
 		msg := "routes from RDS cannot be checked; Narwhal's ADS serves no routes: inline the route_config"
 		if h.GetRds().GetConfigSource().GetAds() != nil {
 			msg = "takes routes from ADS, but Narwhal's ADS serves clusters and endpoints only: inline the route_config"
 		}
-		l.add(pathKey(p, "rds"), "%s", msg)
+		l.add(problem.Key(p, "rds"), "%s", msg)
 	default:
 		l.add(p, "routes must be an inline route_config (scoped routes cannot be checked)")
 	}
@@ -624,15 +617,15 @@ func (l *linter) extProc(f extProcFilter) {
 	ep, p := f.cfg, f.path
 	switch {
 	case ep.GetGrpcService() != nil:
-		l.grpcTarget(ep.GetGrpcService(), pathKey(p, "grpc_service"), "listen.extproc", l.listen("extproc"), true)
+		l.grpcTarget(ep.GetGrpcService(), problem.Key(p, "grpc_service"), "listen.extproc", l.listen("extproc"), true)
 	case ep.GetHttpService() != nil:
-		l.add(pathKey(p, "http_service"), "Narwhal speaks the gRPC ext_proc protocol only (and http_service cannot send bodies): use grpc_service {envoy_grpc: {cluster_name: %s}}", ExtProcCluster)
+		l.add(problem.Key(p, "http_service"), "Narwhal speaks the gRPC ext_proc protocol only (and http_service cannot send bodies): use grpc_service {envoy_grpc: {cluster_name: %s}}", ExtProcCluster)
 	default:
-		l.add(pathKey(p, "grpc_service"), "missing: set {envoy_grpc: {cluster_name: %s}}", ExtProcCluster)
+		l.add(problem.Key(p, "grpc_service"), "missing: set {envoy_grpc: {cluster_name: %s}}", ExtProcCluster)
 	}
-	fullDuplex := l.processingMode(ep.GetProcessingMode(), pathKey(p, "processing_mode"), ep.GetFailureModeAllow(), pathKey(p, "failure_mode_allow"))
+	fullDuplex := l.processingMode(ep.GetProcessingMode(), problem.Key(p, "processing_mode"), ep.GetFailureModeAllow(), problem.Key(p, "failure_mode_allow"))
 	if ep.GetFailureModeAllow() && !fullDuplex {
-		l.add(pathKey(p, "failure_mode_allow"), "must be false: fail-open forwards a request Narwhal did not process when Narwhal is unreachable or slow, and the ORIGINAL_DST route then takes the client's own %s", wire.HeaderDestination)
+		l.add(problem.Key(p, "failure_mode_allow"), "must be false: fail-open forwards a request Narwhal did not process when Narwhal is unreachable or slow, and the ORIGINAL_DST route then takes the client's own %s", wire.HeaderDestination)
 	}
 	if l.cfg != nil && !fullDuplex {
 		maxWait := seconds(l.cfg.Router.WaitingSet.MaxWaitS)
@@ -641,30 +634,30 @@ func (l *linter) extProc(f extProcFilter) {
 			mt, def = d.AsDuration(), false
 		}
 		if mt <= maxWait {
-			l.add(pathKey(p, "message_timeout"), "is %s%s, not above router.waiting_set.max_wait_s (%s): a request Narwhal holds in its waiting set holds the body reply, and Envoy would answer 504 first; set it to e.g. %s",
+			l.add(problem.Key(p, "message_timeout"), "is %s%s, not above router.waiting_set.max_wait_s (%s): a request Narwhal holds in its waiting set holds the body reply, and Envoy would answer 504 first; set it to e.g. %s",
 				fmtDuration(mt), defaultNote(def), fmtDuration(maxWait), fmtDuration(maxWait+5*time.Second))
 		}
 	}
 	if !ep.GetAllowModeOverride() {
-		l.add(pathKey(p, "allow_mode_override"), "must be true: Narwhal skips the bodies of responses that are not a streamed success with mode_override, which Envoy ignores otherwise")
+		l.add(problem.Key(p, "allow_mode_override"), "must be true: Narwhal skips the bodies of responses that are not a streamed success with mode_override, which Envoy ignores otherwise")
 	}
-	l.metadataOptions(ep.GetMetadataOptions(), pathKey(p, "metadata_options"))
+	l.metadataOptions(ep.GetMetadataOptions(), problem.Key(p, "metadata_options"))
 	if ep.GetObservabilityMode() {
-		l.add(pathKey(p, "observability_mode"), "must be false: in observability mode Envoy ignores Narwhal's replies, so nothing is placed")
+		l.add(problem.Key(p, "observability_mode"), "must be false: in observability mode Envoy ignores Narwhal's replies, so nothing is placed")
 	}
 	if ep.GetDisableImmediateResponse() {
-		l.add(pathKey(p, "disable_immediate_response"), "must be false: Narwhal answers rejections (400, 413, 429, 503, 504) with an immediate response")
+		l.add(problem.Key(p, "disable_immediate_response"), "must be false: Narwhal answers rejections (400, 413, 429, 503, 504) with an immediate response")
 	}
 	if mr := ep.GetMutationRules(); mr != nil {
-		mp := pathKey(p, "mutation_rules")
+		mp := problem.Key(p, "mutation_rules")
 		if mr.GetDisallowAll().GetValue() {
-			l.add(pathKey(mp, "disallow_all"), "must not be true: Narwhal sets %s", strings.Join(wire.Headers, ", "))
+			l.add(problem.Key(mp, "disallow_all"), "must not be true: Narwhal sets %s", strings.Join(wire.Headers, ", "))
 		}
 		if re := mr.GetDisallowExpression().GetRegex(); re != "" {
 			if rx, err := regexp.Compile("^(?:" + re + ")$"); err == nil {
 				for _, h := range wire.Headers {
 					if rx.MatchString(h) {
-						l.add(pathKey(mp, "disallow_expression"), "matches %s, a header Narwhal sets: Envoy would drop it", h)
+						l.add(problem.Key(mp, "disallow_expression"), "matches %s, a header Narwhal sets: Envoy would drop it", h)
 						break
 					}
 				}
@@ -682,22 +675,22 @@ func defaultNote(def bool) string {
 
 func (l *linter) metadataOptions(mo *extprocv3.MetadataOptions, p string) {
 	if !slices.Contains(mo.GetReceivingNamespaces().GetUntyped(), wire.LBNamespace) {
-		l.add(pathFields(p, "receiving_namespaces.untyped"), "must include %q: Envoy applies only the dynamic metadata namespaces listed, and Narwhal sends the destination under %q", wire.LBNamespace, wire.LBNamespace)
+		l.add(problem.Fields(p, "receiving_namespaces.untyped"), "must include %q: Envoy applies only the dynamic metadata namespaces listed, and Narwhal sends the destination under %q", wire.LBNamespace, wire.LBNamespace)
 	}
 }
 
 // processingMode checks a processing mode and reports whether the request body is full duplex.
 func (l *linter) processingMode(pm *extprocv3.ProcessingMode, p string, failOpen bool, failOpenPath string) (fullDuplex bool) {
 	if pm.GetRequestHeaderMode() == extprocv3.ProcessingMode_SKIP {
-		l.add(pathKey(p, "request_header_mode"), "must be SEND: Narwhal reads the path and removes client routing headers at the request headers")
+		l.add(problem.Key(p, "request_header_mode"), "must be SEND: Narwhal reads the path and removes client routing headers at the request headers")
 	}
-	rb := pathKey(p, "request_body_mode")
+	rb := problem.Key(p, "request_body_mode")
 	switch pm.GetRequestBodyMode() {
 	case extprocv3.ProcessingMode_BUFFERED:
 	case extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED:
 		fullDuplex = true
 		if pm.GetRequestTrailerMode() != extprocv3.ProcessingMode_SEND {
-			l.add(pathKey(p, "request_trailer_mode"), "must be SEND with request_body_mode FULL_DUPLEX_STREAMED (Envoy refuses the config otherwise; the trailers tell Narwhal the body ended)")
+			l.add(problem.Key(p, "request_trailer_mode"), "must be SEND with request_body_mode FULL_DUPLEX_STREAMED (Envoy refuses the config otherwise; the trailers tell Narwhal the body ended)")
 		}
 		if failOpen {
 			l.add(failOpenPath, "must be false with request_body_mode FULL_DUPLEX_STREAMED (Envoy refuses the combination), and fail-open would forward unplaced requests to the ORIGINAL_DST route")
@@ -712,14 +705,14 @@ func (l *linter) processingMode(pm *extprocv3.ProcessingMode, p string, failOpen
 		l.add(rb, "is %s: use BUFFERED or FULL_DUPLEX_STREAMED", pm.GetRequestBodyMode())
 	}
 	if pm.GetResponseHeaderMode() == extprocv3.ProcessingMode_SKIP {
-		l.add(pathKey(p, "response_header_mode"), "must be SEND: Narwhal reads the response status and content type to account each request")
+		l.add(problem.Key(p, "response_header_mode"), "must be SEND: Narwhal reads the response status and content type to account each request")
 	}
-	rs := pathKey(p, "response_body_mode")
+	rs := problem.Key(p, "response_body_mode")
 	switch pm.GetResponseBodyMode() {
 	case extprocv3.ProcessingMode_STREAMED:
 	case extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED:
 		if pm.GetResponseTrailerMode() != extprocv3.ProcessingMode_SEND {
-			l.add(pathKey(p, "response_trailer_mode"), "must be SEND with response_body_mode FULL_DUPLEX_STREAMED (Envoy refuses the config otherwise)")
+			l.add(problem.Key(p, "response_trailer_mode"), "must be SEND with response_body_mode FULL_DUPLEX_STREAMED (Envoy refuses the config otherwise)")
 		}
 	case extprocv3.ProcessingMode_NONE:
 		l.add(rs, "is NONE: Narwhal observes the streamed response (first token, tokens, usage, end) to account each request; set STREAMED")
@@ -734,27 +727,27 @@ func (l *linter) processingMode(pm *extprocv3.ProcessingMode, p string, failOpen
 // routes checks every route of a connection manager's route_config.
 func (l *linter) routes(ctx *hcmCtx) {
 	for i, vh := range ctx.rc.GetVirtualHosts() {
-		vp := pathIndex(pathKey(ctx.rcPath, "virtual_hosts"), i)
+		vp := problem.Index(problem.Key(ctx.rcPath, "virtual_hosts"), i)
 		for j, r := range vh.GetRoutes() {
-			l.route(ctx, vh, r, pathIndex(pathKey(vp, "routes"), j))
+			l.route(ctx, vh, r, problem.Index(problem.Key(vp, "routes"), j))
 		}
 		if l.cfg != nil && len(l.originalDst) > 0 {
 			l.routerPaths(ctx, vh, vp)
 		}
 	}
 	if ctx.cdsRefPath != "" && (ctx.rc.GetValidateClusters() == nil || ctx.rc.GetValidateClusters().GetValue()) {
-		l.add(pathKey(ctx.rcPath, "validate_clusters"), "must be false: a route names a cluster that comes from CDS (%s), and a static route_config checks its clusters when it loads, before CDS delivers them", ctx.cdsRefPath)
+		l.add(problem.Key(ctx.rcPath, "validate_clusters"), "must be false: a route names a cluster that comes from CDS (%s), and a static route_config checks its clusters when it loads, before CDS delivers them", ctx.cdsRefPath)
 	}
 }
 
 // routeTargets lists the clusters a route action names, with their paths.
 func routeTargets(ra *routev3.RouteAction, rp string) (names, paths []string) {
 	if c := ra.GetCluster(); c != "" {
-		names, paths = append(names, c), append(paths, pathFields(rp, "route.cluster"))
+		names, paths = append(names, c), append(paths, problem.Fields(rp, "route.cluster"))
 	}
 	for k, wc := range ra.GetWeightedClusters().GetClusters() {
 		names = append(names, wc.GetName())
-		paths = append(paths, pathKey(pathIndex(pathFields(rp, "route.weighted_clusters.clusters"), k), "name"))
+		paths = append(paths, problem.Key(problem.Index(problem.Fields(rp, "route.weighted_clusters.clusters"), k), "name"))
 	}
 	return names, paths
 }
@@ -767,7 +760,7 @@ func (l *linter) route(ctx *hcmCtx, vh *routev3.VirtualHost, r *routev3.Route, r
 	names, paths := routeTargets(ra, rp)
 	for k, m := range ra.GetRequestMirrorPolicies() {
 		names = append(names, m.GetCluster())
-		paths = append(paths, pathKey(pathIndex(pathFields(rp, "route.request_mirror_policies"), k), "cluster"))
+		paths = append(paths, problem.Key(problem.Index(problem.Fields(rp, "route.request_mirror_policies"), k), "cluster"))
 	}
 	for k, name := range names {
 		if _, ok := l.clusters[name]; ok {
@@ -786,11 +779,11 @@ func (l *linter) route(ctx *hcmCtx, vh *routev3.VirtualHost, r *routev3.Route, r
 		l.add(paths[k], "%s", msg)
 	}
 	if ra.GetClusterHeader() != "" && len(l.originalDst) > 0 {
-		l.add(pathFields(rp, "route.cluster_header"), "lets the request header %q choose the cluster, so a client could choose %s (ORIGINAL_DST) and its own destination: name the cluster", ra.GetClusterHeader(), l.originalDst[0])
+		l.add(problem.Fields(rp, "route.cluster_header"), "lets the request header %q choose the cluster, so a client could choose %s (ORIGINAL_DST) and its own destination: name the cluster", ra.GetClusterHeader(), l.originalDst[0])
 	}
-	l.metadataMatch(ra.GetMetadataMatch(), pathFields(rp, "route.metadata_match"))
+	l.metadataMatch(ra.GetMetadataMatch(), problem.Fields(rp, "route.metadata_match"))
 	for k, wc := range ra.GetWeightedClusters().GetClusters() {
-		l.metadataMatch(wc.GetMetadataMatch(), pathKey(pathIndex(pathFields(rp, "route.weighted_clusters.clusters"), k), "metadata_match"))
+		l.metadataMatch(wc.GetMetadataMatch(), problem.Key(problem.Index(problem.Fields(rp, "route.weighted_clusters.clusters"), k), "metadata_match"))
 	}
 	odst := false
 	for _, n := range names[:len(names)-len(ra.GetRequestMirrorPolicies())] {
@@ -798,7 +791,7 @@ func (l *linter) route(ctx *hcmCtx, vh *routev3.VirtualHost, r *routev3.Route, r
 	}
 	for k, m := range ra.GetRequestMirrorPolicies() {
 		if l.isOriginalDst(m.GetCluster()) {
-			l.add(pathKey(pathIndex(pathFields(rp, "route.request_mirror_policies"), k), "cluster"), "mirrors to an ORIGINAL_DST cluster: the mirrored copy goes wherever its destination header says")
+			l.add(problem.Key(problem.Index(problem.Fields(rp, "route.request_mirror_policies"), k), "cluster"), "mirrors to an ORIGINAL_DST cluster: the mirrored copy goes wherever its destination header says")
 		}
 	}
 	if odst {
@@ -808,13 +801,13 @@ func (l *linter) route(ctx *hcmCtx, vh *routev3.VirtualHost, r *routev3.Route, r
 
 func (l *linter) metadataMatch(md *corev3.Metadata, p string) {
 	for _, ns := range sortedMapKeys(md.GetFilterMetadata()) {
-		np := pathKey(pathKey(p, "filter_metadata"), ns)
+		np := problem.Key(problem.Key(p, "filter_metadata"), ns)
 		if ns != wire.LBNamespace {
 			l.add(np, "subset load balancing matches only filter_metadata[%q] of endpoints, where Narwhal publishes %q; %q is never matched", wire.LBNamespace, wire.LBRoleKey, ns)
 			continue
 		}
 		for k, v := range sortedStruct(md.GetFilterMetadata()[ns]) {
-			kp := pathKey(np, k)
+			kp := problem.Key(np, k)
 			if k != wire.LBRoleKey {
 				l.add(kp, "Narwhal publishes only %q under filter_metadata[%q]: a subset on %q matches no endpoint", wire.LBRoleKey, wire.LBNamespace, k)
 				continue
@@ -834,24 +827,24 @@ func extProcFor(ctx *hcmCtx, f extProcFilter, vh *routev3.VirtualHost, r *routev
 		p string
 	}
 	for _, lv := range []level{
-		{r.GetTypedPerFilterConfig(), pathKey(rp, "typed_per_filter_config")},
-		{vh.GetTypedPerFilterConfig(), pathKey(vp, "typed_per_filter_config")},
-		{ctx.rc.GetTypedPerFilterConfig(), pathKey(ctx.rcPath, "typed_per_filter_config")},
+		{r.GetTypedPerFilterConfig(), problem.Key(rp, "typed_per_filter_config")},
+		{vh.GetTypedPerFilterConfig(), problem.Key(vp, "typed_per_filter_config")},
+		{ctx.rc.GetTypedPerFilterConfig(), problem.Key(ctx.rcPath, "typed_per_filter_config")},
 	} {
 		a, ok := lv.m[f.name]
 		if !ok {
 			continue
 		}
-		p := pathKey(lv.p, f.name)
+		p := problem.Key(lv.p, f.name)
 		if typeName(a) == "envoy.config.route.v3.FilterConfig" {
 			var fc routev3.FilterConfig
 			if a.UnmarshalTo(&fc) != nil {
 				return !f.disabled, "", nil, ""
 			}
 			if fc.GetDisabled() {
-				return false, pathKey(p, "disabled"), nil, ""
+				return false, problem.Key(p, "disabled"), nil, ""
 			}
-			a, p = fc.GetConfig(), pathKey(p, "config")
+			a, p = fc.GetConfig(), problem.Key(p, "config")
 			if a == nil {
 				return true, p, nil, ""
 			}
@@ -861,19 +854,19 @@ func extProcFor(ctx *hcmCtx, f extProcFilter, vh *routev3.VirtualHost, r *routev
 			return true, p, nil, ""
 		}
 		if pr.GetDisabled() {
-			return false, pathKey(p, "disabled"), nil, ""
+			return false, problem.Key(p, "disabled"), nil, ""
 		}
-		return true, p, pr.GetOverrides(), pathKey(p, "overrides")
+		return true, p, pr.GetOverrides(), problem.Key(p, "overrides")
 	}
 	if f.disabled {
-		return false, pathKey(pathParent(f.path), "disabled"), nil, ""
+		return false, problem.Key(problem.Parent(f.path), "disabled"), nil, ""
 	}
 	return true, "", nil, ""
 }
 
 func (l *linter) originalDstRoute(ctx *hcmCtx, vh *routev3.VirtualHost, r *routev3.Route, rp string) {
-	vp := pathParent(pathParent(rp)) // .../virtual_hosts[i]
-	target := pathKey(rp, "route")
+	vp := problem.Parent(problem.Parent(rp)) // .../virtual_hosts[i]
+	target := problem.Key(rp, "route")
 	if len(ctx.extProcs) == 0 {
 		l.add(target, "sends to an ORIGINAL_DST cluster, but this connection manager has no ext_proc filter: the client's own %s would choose the upstream", wire.HeaderDestination)
 	} else {
@@ -896,32 +889,32 @@ func (l *linter) originalDstRoute(ctx *hcmCtx, vh *routev3.VirtualHost, r *route
 		}
 	}
 	m := r.GetMatch()
-	mp := pathKey(rp, "match")
+	mp := problem.Key(rp, "match")
 	switch {
 	case m.GetPath() == "":
 		l.add(mp, "a route to an ORIGINAL_DST cluster must match one exact path (match.path) that Narwhal places: with any other match, a request Narwhal passes through unplaced (its path is not in router.paths) would reach the ORIGINAL_DST cluster with no destination")
 	case m.GetCaseSensitive() != nil && !m.GetCaseSensitive().GetValue():
-		l.add(pathKey(mp, "case_sensitive"), "must not be false on a route to an ORIGINAL_DST cluster: Narwhal places only the exact paths of router.paths")
+		l.add(problem.Key(mp, "case_sensitive"), "must not be false on a route to an ORIGINAL_DST cluster: Narwhal places only the exact paths of router.paths")
 	case l.cfg != nil && !slices.Contains(l.cfg.Router.Paths, m.GetPath()):
-		l.add(pathKey(mp, "path"), "%q is not one of router.paths (%s): Narwhal passes such requests through unplaced, and the ORIGINAL_DST cluster would have no destination", m.GetPath(), strings.Join(l.cfg.Router.Paths, ", "))
+		l.add(problem.Key(mp, "path"), "%q is not one of router.paths (%s): Narwhal passes such requests through unplaced, and the ORIGINAL_DST cluster would have no destination", m.GetPath(), strings.Join(l.cfg.Router.Paths, ", "))
 	}
 	ra := r.GetRoute()
 	if ra.GetTimeout() == nil {
-		l.add(pathKey(target, "timeout"), "unset, so 15s, which cuts off long streamed generations: set 0s (no timeout) or a long one")
+		l.add(problem.Key(target, "timeout"), "unset, so 15s, which cuts off long streamed generations: set 0s (no timeout) or a long one")
 	}
 	if l.cfg == nil {
 		return
 	}
 	maxWait := seconds(l.cfg.Router.WaitingSet.MaxWaitS)
 	if d := ra.GetIdleTimeout(); d != nil && d.AsDuration() != 0 && d.AsDuration() <= maxWait {
-		l.add(pathKey(target, "idle_timeout"), "is %s, not above router.waiting_set.max_wait_s (%s): a request waiting in Narwhal's waiting set is idle", fmtDuration(d.AsDuration()), fmtDuration(maxWait))
+		l.add(problem.Key(target, "idle_timeout"), "is %s, not above router.waiting_set.max_wait_s (%s): a request waiting in Narwhal's waiting set is idle", fmtDuration(d.AsDuration()), fmtDuration(maxWait))
 	}
 	limit, lp := ctx.limit, ctx.limitPath
 	perReq := func(m proto.Message, p string) {
 		if v := protoUint(m, "request_body_buffer_limit"); v != nil {
-			limit, lp = *v, pathKey(p, "request_body_buffer_limit")
+			limit, lp = *v, problem.Key(p, "request_body_buffer_limit")
 		} else if v := protoUint(m, "per_request_buffer_limit_bytes"); v != nil {
-			limit, lp = min(*v, ctx.limit), pathKey(p, "per_request_buffer_limit_bytes")
+			limit, lp = min(*v, ctx.limit), problem.Key(p, "per_request_buffer_limit_bytes")
 		}
 	}
 	if protoUint(r, "request_body_buffer_limit") != nil || protoUint(r, "per_request_buffer_limit_bytes") != nil {
@@ -943,19 +936,19 @@ func (l *linter) overrides(f extProcFilter, ov *extprocv3.ExtProcOverrides, p st
 	}
 	fullDuplex := f.cfg.GetProcessingMode().GetRequestBodyMode() == extprocv3.ProcessingMode_FULL_DUPLEX_STREAMED
 	if pm := ov.GetProcessingMode(); pm != nil {
-		fullDuplex = l.processingMode(pm, pathKey(p, "processing_mode"), failOpen, pathKey(p, "failure_mode_allow"))
+		fullDuplex = l.processingMode(pm, problem.Key(p, "processing_mode"), failOpen, problem.Key(p, "failure_mode_allow"))
 	}
 	if v := ov.GetFailureModeAllow(); v.GetValue() && !fullDuplex {
-		l.add(pathKey(p, "failure_mode_allow"), "must be false: fail-open forwards a request Narwhal did not process to the ORIGINAL_DST route, with the client's own %s", wire.HeaderDestination)
+		l.add(problem.Key(p, "failure_mode_allow"), "must be false: fail-open forwards a request Narwhal did not process to the ORIGINAL_DST route, with the client's own %s", wire.HeaderDestination)
 	}
 	if protoBool(ov, "async_mode") { // deprecated, read by name
-		l.add(pathKey(p, "async_mode"), "must be false: in async mode Envoy does not wait for Narwhal's replies, so nothing is placed")
+		l.add(problem.Key(p, "async_mode"), "must be false: in async mode Envoy does not wait for Narwhal's replies, so nothing is placed")
 	}
 	if g := ov.GetGrpcService(); g != nil {
-		l.grpcTarget(g, pathKey(p, "grpc_service"), "listen.extproc", l.listen("extproc"), true)
+		l.grpcTarget(g, problem.Key(p, "grpc_service"), "listen.extproc", l.listen("extproc"), true)
 	}
 	if mo := ov.GetMetadataOptions(); mo != nil {
-		l.metadataOptions(mo, pathKey(p, "metadata_options"))
+		l.metadataOptions(mo, problem.Key(p, "metadata_options"))
 	}
 }
 
@@ -970,7 +963,7 @@ func (l *linter) routerPaths(ctx *hcmCtx, vh *routev3.VirtualHost, vp string) {
 				continue
 			}
 			found = true
-			rp := pathIndex(pathKey(vp, "routes"), j)
+			rp := problem.Index(problem.Key(vp, "routes"), j)
 			names, _ := routeTargets(r.GetRoute(), rp)
 			odst := len(names) > 0
 			for _, n := range names {
@@ -982,7 +975,7 @@ func (l *linter) routerPaths(ctx *hcmCtx, vh *routev3.VirtualHost, vp string) {
 			break
 		}
 		if !found {
-			l.add(pathKey(vp, "routes"), "no route matches POST %s (one of router.paths): add {match: {path: %s}, route: {cluster: %s, timeout: 0s}}", path, path, OriginalDstCluster)
+			l.add(problem.Key(vp, "routes"), "no route matches POST %s (one of router.paths): add {match: {path: %s}, route: {cluster: %s, timeout: 0s}}", path, path, OriginalDstCluster)
 		}
 	}
 }

@@ -19,28 +19,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/problem"
 )
-
-// Problem is one thing wrong with an Envoy bootstrap: the JSON path of the field (list indices
-// and map keys included, e.g.
-// "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.message_timeout";
-// map keys that are not plain words are quoted: `typed_per_filter_config["envoy.filters.http.ext_proc"]`)
-// and what is wrong with it. Path is empty for problems of the document as a whole.
-type Problem struct {
-	Path string
-	Msg  string
-	// Line is the 1-based line of the YAML where Path (or its nearest ancestor written in the
-	// document) is, 0 when unknown. String does not print it.
-	Line int
-}
-
-// String renders the problem as one line, "path: message".
-func (p Problem) String() string {
-	if p.Path == "" {
-		return p.Msg
-	}
-	return p.Path + ": " + p.Msg
-}
 
 // Validate checks an Envoy v3 bootstrap (YAML or JSON) strictly and returns every
 // problem found, nil when there is none:
@@ -60,25 +40,25 @@ func (p Problem) String() string {
 //     waiting-set capacity, paths, cluster prefix).
 //
 // With a nil cfg only the checks that need no Narwhal config run.
-func Validate(data []byte, cfg *config.Config) []Problem {
+func Validate(data []byte, cfg *config.Config) problem.List {
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
 		msg := strings.TrimPrefix(err.Error(), "error converting YAML to JSON: ")
-		p := Problem{Msg: "not valid YAML: " + msg}
+		p := problem.Problem{Msg: "not valid YAML: " + msg}
 		if m := yamlErrLineRE.FindStringSubmatch(msg); m != nil {
 			p.Line, _ = strconv.Atoi(m[1])
 		}
-		return []Problem{p}
+		return []problem.Problem{p}
 	}
-	lines := yamlLineIndex(data)
+	lines := problem.Lines(data)
 	var doc any
 	dec := json.NewDecoder(bytes.NewReader(js))
 	dec.UseNumber()
 	if err := dec.Decode(&doc); err != nil {
-		return []Problem{{Msg: "not valid YAML: " + err.Error()}}
+		return []problem.Problem{{Msg: "not valid YAML: " + err.Error()}}
 	}
 	if _, ok := doc.(map[string]any); !ok {
-		return []Problem{{Msg: "the document must be a mapping (an Envoy bootstrap), got " + jsonKind(doc)}}
+		return []problem.Problem{{Msg: "the document must be a mapping (an Envoy bootstrap), got " + jsonKind(doc)}}
 	}
 
 	sw := &schemaWalker{written: map[string]string{"": ""}}
@@ -89,7 +69,7 @@ func Validate(data []byte, cfg *config.Config) []Problem {
 
 	var b bootstrapv3.Bootstrap
 	if err := (protojson.UnmarshalOptions{}).Unmarshal(js, &b); err != nil {
-		return []Problem{protojsonProblem(err, js, lines)}
+		return []problem.Problem{protojsonProblem(err, js, lines)}
 	}
 
 	problems := validateTree(&b)
@@ -99,53 +79,15 @@ func Validate(data []byte, cfg *config.Config) []Problem {
 
 var yamlErrLineRE = regexp.MustCompile(`line (\d+)`)
 
-// ---------------------------------------------------------------------------------------------
-// Paths
-
-// pathKey appends a map key or field name to a path: ".name" for plain words, `["a.b"]` for
-// keys with other characters (such as dots).
-func pathKey(path, k string) string {
-	if k != "" && strings.IndexFunc(k, func(r rune) bool {
-		return !(r == '_' || r == '-' || r == '@' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
-	}) < 0 {
-		if path == "" {
-			return k
-		}
-		return path + "." + k
-	}
-	return path + "[" + strconv.Quote(k) + "]"
-}
-
-// pathIndex appends a list index to a path.
-func pathIndex(path string, i int) string { return path + "[" + strconv.Itoa(i) + "]" }
-
-// pathParent strips the last component of a path ("" for a top-level one).
-func pathParent(p string) string {
-	if strings.HasSuffix(p, "]") {
-		if strings.HasSuffix(p, "\"]") { // a quoted key: find its opening `["`
-			if i := strings.LastIndex(p[:len(p)-2], "[\""); i >= 0 {
-				return p[:i]
-			}
-		}
-		if i := strings.LastIndexByte(p, '['); i >= 0 {
-			return p[:i]
-		}
-	}
-	if i := strings.LastIndexByte(p, '.'); i >= 0 {
-		return p[:i]
-	}
-	return ""
-}
-
 // finish rewrites canonical paths (proto field names) to the keys as written in the document
 // (a field written in lowerCamelCase stays so) and attaches line numbers.
-func (w *schemaWalker) finish(ps []Problem, lines map[string]int) []Problem {
+func (w *schemaWalker) finish(ps []problem.Problem, lines map[string]int) []problem.Problem {
 	if len(ps) == 0 {
 		return nil
 	}
-	out := make([]Problem, 0, len(ps))
+	out := make([]problem.Problem, 0, len(ps))
 	for _, p := range ps {
-		for q := p.Path; ; q = pathParent(q) {
+		for q := p.Path; ; q = problem.Parent(q) {
 			if wr, ok := w.written[q]; ok {
 				p.Path = wr + p.Path[len(q):]
 				if p.Line == 0 {
@@ -170,12 +112,12 @@ func (w *schemaWalker) finish(ps []Problem, lines map[string]int) []Problem {
 // for every field it visits, the path as written (JSON or proto field names) under its
 // canonical path (proto field names).
 type schemaWalker struct {
-	problems []Problem
+	problems []problem.Problem
 	written  map[string]string
 }
 
 func (w *schemaWalker) add(path, format string, args ...any) {
-	w.problems = append(w.problems, Problem{Path: path, Msg: fmt.Sprintf(format, args...)})
+	w.problems = append(w.problems, problem.Problem{Path: path, Msg: fmt.Sprintf(format, args...)})
 }
 
 func (w *schemaWalker) message(v any, md protoreflect.MessageDescriptor, canon, written string) {
@@ -228,17 +170,17 @@ func (w *schemaWalker) fields(obj map[string]any, md protoreflect.MessageDescrip
 		if skip[k] {
 			continue
 		}
-		wk := pathKey(written, k)
+		wk := problem.Key(written, k)
 		fd := md.Fields().ByJSONName(k)
 		if fd == nil {
 			fd = md.Fields().ByName(protoreflect.Name(k))
 		}
 		if fd == nil {
 			msg := fmt.Sprintf("unknown field %q in %s", k, md.FullName())
-			if s := suggest(k, fieldNames(md)); s != "" {
+			if s := problem.Suggest(k, fieldNames(md)); s != "" {
 				msg += fmt.Sprintf("; did you mean %q?", s)
 			}
-			w.problems = append(w.problems, Problem{Path: wk, Msg: msg})
+			w.problems = append(w.problems, problem.Problem{Path: wk, Msg: msg})
 			continue
 		}
 		if prev, dup := seen[fd.Number()]; dup {
@@ -253,7 +195,7 @@ func (w *schemaWalker) fields(obj map[string]any, md protoreflect.MessageDescrip
 			}
 			oneofs[od.FullName()] = k
 		}
-		ck := pathKey(canon, string(fd.Name()))
+		ck := problem.Key(canon, string(fd.Name()))
 		w.written[ck] = wk
 		w.field(obj[k], fd, ck, wk)
 	}
@@ -271,7 +213,7 @@ func (w *schemaWalker) field(v any, fd protoreflect.FieldDescriptor, canon, writ
 			return
 		}
 		for i, e := range list {
-			ci, wi := pathIndex(canon, i), pathIndex(written, i)
+			ci, wi := problem.Index(canon, i), problem.Index(written, i)
 			w.written[ci] = wi
 			w.single(e, fd, ci, wi)
 		}
@@ -282,7 +224,7 @@ func (w *schemaWalker) field(v any, fd protoreflect.FieldDescriptor, canon, writ
 			return
 		}
 		for _, k := range sortedKeys(obj) {
-			ck, wk := pathKey(canon, k), pathKey(written, k)
+			ck, wk := problem.Key(canon, k), problem.Key(written, k)
 			w.written[ck] = wk
 			switch fd.MapKey().Kind() {
 			case protoreflect.StringKind:
@@ -319,7 +261,7 @@ func (w *schemaWalker) anyValue(v any, canon, written string) {
 	t, ok := obj["@type"].(string)
 	if !ok {
 		if _, present := obj["@type"]; present {
-			w.add(pathKey(written, "@type"), "must be a string (a type URL)")
+			w.add(problem.Key(written, "@type"), "must be a string (a type URL)")
 		} else {
 			w.add(written, "missing \"@type\": a typed_config names its type, e.g. \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router")
 		}
@@ -327,17 +269,17 @@ func (w *schemaWalker) anyValue(v any, canon, written string) {
 	}
 	mt, err := protoregistry.GlobalTypes.FindMessageByURL(t)
 	if err != nil {
-		w.add(pathKey(written, "@type"), "unknown type %q (not an Envoy v3 API type this validator knows)", t)
+		w.add(problem.Key(written, "@type"), "unknown type %q (not an Envoy v3 API type this validator knows)", t)
 		return
 	}
 	md := mt.Descriptor()
 	if hasCustomJSON(md) {
 		for _, k := range sortedKeys(obj) {
 			if k != "@type" && k != "value" {
-				w.add(pathKey(written, k), "unknown field %q: a %s in an Any is written as {\"@type\": ..., \"value\": ...}", k, md.FullName())
+				w.add(problem.Key(written, k), "unknown field %q: a %s in an Any is written as {\"@type\": ..., \"value\": ...}", k, md.FullName())
 			}
 		}
-		ck, wk := pathKey(canon, "value"), pathKey(written, "value")
+		ck, wk := problem.Key(canon, "value"), problem.Key(written, "value")
 		w.written[ck] = wk
 		w.message(obj["value"], md, ck, wk)
 		return
@@ -394,10 +336,10 @@ func (w *schemaWalker) scalar(v any, fd protoreflect.FieldDescriptor, written st
 					names = append(names, string(ed.Values().Get(i).Name()))
 				}
 				msg := fmt.Sprintf("invalid value %q for enum %s (one of %s)", x, ed.Name(), strings.Join(names, ", "))
-				if s := suggest(x, names); s != "" {
+				if s := problem.Suggest(x, names); s != "" {
 					msg += fmt.Sprintf("; did you mean %s?", s)
 				}
-				w.problems = append(w.problems, Problem{Path: written, Msg: msg})
+				w.problems = append(w.problems, problem.Problem{Path: written, Msg: msg})
 			}
 		case json.Number:
 			if _, err := strconv.ParseInt(x.String(), 10, 32); err != nil {
@@ -536,22 +478,6 @@ func fieldNames(md protoreflect.MessageDescriptor) []string {
 	return names
 }
 
-// suggest returns the candidate closest to s (edit distance at most 2, or equal ignoring case
-// and underscores), or "".
-func suggest(s string, candidates []string) string {
-	norm := func(x string) string { return strings.ToLower(strings.ReplaceAll(x, "_", "")) }
-	best, bestD := "", 3
-	for _, c := range candidates {
-		if norm(c) == norm(s) {
-			return c
-		}
-		if d := config.EditDistance(strings.ToLower(s), strings.ToLower(c)); d < bestD {
-			best, bestD = c, d
-		}
-	}
-	return best
-}
-
 // ---------------------------------------------------------------------------------------------
 // protojson errors the descriptor walk did not foresee: mapped to the path at their position.
 
@@ -559,15 +485,15 @@ func suggest(s string, candidates []string) string {
 // non-breaking spaces after "proto:" on purpose, so both are accepted.
 var protojsonErrRE = regexp.MustCompile(`^proto:[\s\x{00a0}]*(?:\(line (\d+):(\d+)\):[\s\x{00a0}]*)?(.*)$`)
 
-func protojsonProblem(err error, js []byte, lines map[string]int) Problem {
+func protojsonProblem(err error, js []byte, lines map[string]int) problem.Problem {
 	msg := err.Error()
 	m := protojsonErrRE.FindStringSubmatch(msg)
 	if m == nil {
-		return Problem{Msg: msg}
+		return problem.Problem{Msg: msg}
 	}
 	msg = m[3]
 	if m[1] == "" {
-		return Problem{Msg: msg}
+		return problem.Problem{Msg: msg}
 	}
 	line, _ := strconv.Atoi(m[1])
 	col, _ := strconv.Atoi(m[2])
@@ -584,7 +510,7 @@ func protojsonProblem(err error, js []byte, lines map[string]int) Problem {
 		off += size
 	}
 	path := jsonPathAt(js, off)
-	return Problem{Path: path, Msg: msg, Line: lines[path]}
+	return problem.Problem{Path: path, Msg: msg, Line: lines[path]}
 }
 
 // jsonPathAt returns the path of the member whose key or value starts at byte offset off of a
@@ -638,7 +564,7 @@ func (s *jsonScanner) value(path string) {
 			}
 			keyStart := s.i
 			key := s.str()
-			child := pathKey(path, key)
+			child := problem.Key(path, key)
 			s.hit(child, keyStart)
 			s.ws()
 			if s.i < len(s.b) && s.b[s.i] == ':' {
@@ -658,7 +584,7 @@ func (s *jsonScanner) value(path string) {
 				s.i++
 				continue
 			}
-			s.value(pathIndex(path, n))
+			s.value(problem.Index(path, n))
 			n++
 		}
 	case '"':
@@ -697,8 +623,8 @@ func (s *jsonScanner) str() string {
 
 // validateTree runs ValidateAll on m and on the unpacked content of every Any under it (at any
 // depth, including Anys inside unpacked Anys), returning the problems under canonical paths.
-func validateTree(m proto.Message) []Problem {
-	var out []Problem
+func validateTree(m proto.Message) []problem.Problem {
+	var out []problem.Problem
 	var visit func(m proto.Message, path string)
 	visit = func(m proto.Message, path string) {
 		if v, ok := m.(interface{ ValidateAll() error }); ok {
@@ -709,7 +635,7 @@ func validateTree(m proto.Message) []Problem {
 		eachAny(m.ProtoReflect(), path, func(a *anypb.Any, p string) {
 			inner, err := a.UnmarshalNew()
 			if err != nil {
-				out = append(out, Problem{Path: p, Msg: "cannot unpack " + a.GetTypeUrl() + ": " + err.Error()})
+				out = append(out, problem.Problem{Path: p, Msg: "cannot unpack " + a.GetTypeUrl() + ": " + err.Error()})
 				return
 			}
 			visit(inner, p)
@@ -728,7 +654,7 @@ func eachAny(m protoreflect.Message, path string, f func(*anypb.Any, string)) {
 		if fd.Message() == nil || !m.Has(fd) {
 			continue
 		}
-		p := pathKey(path, string(fd.Name()))
+		p := problem.Key(path, string(fd.Name()))
 		msg := func(v protoreflect.Value, p string) {
 			sub := v.Message()
 			if a, ok := sub.Interface().(*anypb.Any); ok {
@@ -741,7 +667,7 @@ func eachAny(m protoreflect.Message, path string, f func(*anypb.Any, string)) {
 		case fd.IsList():
 			l := m.Get(fd).List()
 			for j := 0; j < l.Len(); j++ {
-				msg(l.Get(j), pathIndex(p, j))
+				msg(l.Get(j), problem.Index(p, j))
 			}
 		case fd.IsMap():
 			if fd.MapValue().Message() == nil {
@@ -757,7 +683,7 @@ func eachAny(m protoreflect.Message, path string, f func(*anypb.Any, string)) {
 			})
 			sort.Strings(keys)
 			for _, k := range keys {
-				msg(vals[k], pathKey(p, k))
+				msg(vals[k], problem.Key(p, k))
 			}
 		default:
 			msg(m.Get(fd), p)
@@ -777,7 +703,7 @@ type pgvMulti interface{ AllErrors() []error }
 
 // pgvProblems turns a ValidateAll error of message m at path into problems, following embedded
 // message errors down to the field that failed.
-func pgvProblems(err error, m protoreflect.Message, path string, out *[]Problem) {
+func pgvProblems(err error, m protoreflect.Message, path string, out *[]problem.Problem) {
 	if multi, ok := err.(pgvMulti); ok {
 		for _, e := range multi.AllErrors() {
 			pgvProblems(e, m, path, out)
@@ -786,7 +712,7 @@ func pgvProblems(err error, m protoreflect.Message, path string, out *[]Problem)
 	}
 	fe, ok := err.(pgvField)
 	if !ok {
-		*out = append(*out, Problem{Path: path, Msg: err.Error()})
+		*out = append(*out, problem.Problem{Path: path, Msg: err.Error()})
 		return
 	}
 	name, sub, indexed := strings.Cut(fe.Field(), "[")
@@ -796,20 +722,20 @@ func pgvProblems(err error, m protoreflect.Message, path string, out *[]Problem)
 	var p string
 	switch {
 	case fd != nil:
-		p = pathKey(path, string(fd.Name()))
+		p = problem.Key(path, string(fd.Name()))
 	default:
-		p = pathKey(path, snakeCase(name))
+		p = problem.Key(path, snakeCase(name))
 		if od := pgvOneofByGoName(md, name); od != nil {
-			p = pathKey(path, string(od.Name()))
+			p = problem.Key(path, string(od.Name()))
 		}
 	}
 	if indexed {
 		if fd != nil && fd.IsList() {
 			if n, err := strconv.Atoi(sub); err == nil {
-				p = pathIndex(p, n)
+				p = problem.Index(p, n)
 			}
 		} else {
-			p = pathKey(p, sub)
+			p = problem.Key(p, sub)
 		}
 	}
 	cause := fe.Cause()
@@ -826,7 +752,7 @@ func pgvProblems(err error, m protoreflect.Message, path string, out *[]Problem)
 	if cause != nil {
 		msg += ": " + cause.Error()
 	}
-	*out = append(*out, Problem{Path: p, Msg: msg})
+	*out = append(*out, problem.Problem{Path: p, Msg: msg})
 }
 
 func isType[T any](err error) bool {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/envoy/bootstrap"
+	"github.com/narwhal-llm/narwhal/problem"
 )
 
 // Paths into the generated bootstrap.
@@ -58,7 +59,7 @@ type want struct {
 	msg  string // substring of its message
 }
 
-func hasProblem(ps []bootstrap.Problem, w want) bool {
+func hasProblem(ps []problem.Problem, w want) bool {
 	for _, p := range ps {
 		if p.Path == w.path && strings.Contains(p.Msg, w.msg) {
 			return true
@@ -67,7 +68,7 @@ func hasProblem(ps []bootstrap.Problem, w want) bool {
 	return false
 }
 
-func dump(ps []bootstrap.Problem) string {
+func dump(ps []problem.Problem) string {
 	var b strings.Builder
 	for _, p := range ps {
 		b.WriteString("\n  ")
@@ -405,7 +406,7 @@ func TestRejects(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			var ps []bootstrap.Problem
+			var ps []problem.Problem
 			if c.noCfg {
 				ps = bootstrap.Validate([]byte(c.doc), nil)
 			} else {

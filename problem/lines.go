@@ -1,16 +1,12 @@
-package bootstrap
+package problem
 
-import (
-	"strconv"
+import "go.yaml.in/yaml/v3"
 
-	"go.yaml.in/yaml/v3"
-)
-
-// yamlLineIndex maps the path of every key and list item of a YAML document (in the format of
-// pathKey and pathIndex) to its 1-based line. Aliases point at their anchor's lines; merge keys
+// Lines maps the path of every key and list item of a YAML document (in the format of
+// Key and Index) to its 1-based line. Aliases point at their anchor's lines; merge keys
 // ("<<") contribute the keys the mapping does not set itself. A document that does not parse
 // gives an empty index.
-func yamlLineIndex(data []byte) map[string]int {
+func Lines(data []byte) map[string]int {
 	idx := map[string]int{}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil || len(doc.Content) == 0 {
@@ -37,7 +33,7 @@ func yamlLines(n *yaml.Node, path string, idx map[string]int, depth int) {
 				merges = append(merges, v)
 				continue
 			}
-			p := pathKey(path, k.Value)
+			p := Key(path, k.Value)
 			idx[p] = k.Line
 			yamlLines(v, p, idx, depth+1)
 		}
@@ -61,7 +57,7 @@ func yamlLines(n *yaml.Node, path string, idx map[string]int, depth int) {
 		}
 	case yaml.SequenceNode:
 		for i, c := range n.Content {
-			p := path + "[" + strconv.Itoa(i) + "]"
+			p := Index(path, i)
 			idx[p] = c.Line
 			yamlLines(c, p, idx, depth+1)
 		}
