@@ -116,22 +116,31 @@ func (fx *fixture) post(ctx context.Context, path, body string, hdr map[string]s
 	return resp.StatusCode, resp.Header, string(b)
 }
 
-// settle waits until the router holds nothing, then checks conservation.
+// settle waits until the router holds nothing, checking conservation at every change.
 func (fx *fixture) settle() router.Snapshot {
 	fx.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		s := fx.live.Snapshot()
+	var last router.Snapshot
+	fx.await("the router holds nothing", func(s router.Snapshot) bool {
 		if broken := s.Conserved(); broken != "" {
-			fx.t.Fatalf("conservation broken: %s: %+v", broken, s.Counters)
+			fx.t.Errorf("conservation broken: %s: %+v", broken, s.Counters)
+			return true
 		}
-		if s.Retained.Waiting+s.Retained.Prefilling+s.Retained.Decoding == 0 {
-			return s
-		}
-		if time.Now().After(deadline) {
-			fx.t.Fatalf("requests still held: %+v", s.Retained)
-		}
-		time.Sleep(5 * time.Millisecond)
+		last = s
+		return s.Retained.Waiting+s.Retained.Prefilling+s.Retained.Decoding == 0
+	})
+	if fx.t.Failed() {
+		fx.t.FailNow()
+	}
+	return last
+}
+
+// await waits (10 s at most) until cond holds for the router's snapshot, woken by its changes.
+func (fx *fixture) await(what string, cond func(router.Snapshot) bool) {
+	fx.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := fx.live.Await(ctx, cond); err != nil {
+		fx.t.Fatalf("waiting until %s: %v; %+v", what, err, fx.live.Snapshot())
 	}
 }
 
@@ -287,7 +296,7 @@ func TestRejections(t *testing.T) {
 		wg.Go(func() {
 			waited, _, waitedBody = fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a"}`, nil)
 		})
-		time.Sleep(100 * time.Millisecond) // the first one is waiting now
+		fx.await("the first one waits", func(s router.Snapshot) bool { return s.Retained.Waiting == 1 })
 		code, hdr, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"b"}`, nil)
 		if c, _ := errorOf(t, body); code != 429 || c != "waiting_set_full" || hdr.Get("retry-after") == "" {
 			t.Fatalf("second: %d %q retry-after %q", code, body, hdr.Get("retry-after"))
@@ -381,13 +390,7 @@ func TestCancelWhileWaiting(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("a cancelled request got %d", code)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for fx.live.Snapshot().Counters.Cancelled.Waiting != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("cancel not recorded: %+v", fx.live.Snapshot().Counters)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	fx.await("the cancel is recorded", func(s router.Snapshot) bool { return s.Counters.Cancelled.Waiting == 1 })
 	release()
 	fx.settle()
 }
@@ -407,13 +410,7 @@ func TestCancelWhileStreaming(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for fx.live.Snapshot().Counters.Cancelled.InFlight != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("cancel not recorded: %+v", fx.live.Snapshot().Counters)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	fx.await("the cancel is recorded", func(s router.Snapshot) bool { return s.Counters.Cancelled.InFlight == 1 })
 	s := fx.settle()
 	if s.Counters.Completed != 0 || s.Counters.Dispatched.Disaggregated != 1 {
 		t.Fatalf("%+v", s.Counters)
@@ -430,13 +427,7 @@ func TestEngineKilled(t *testing.T) {
 			fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a","max_tokens":400,"stream":true}`, nil)
 		})
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for fx.live.Snapshot().Retained.Decoding < 6 {
-		if time.Now().After(deadline) {
-			t.Fatalf("streams did not start: %+v", fx.live.Snapshot().Retained)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	fx.await("six streams decode", func(s router.Snapshot) bool { return s.Retained.Decoding >= 6 })
 	fx.engines["e2"].CloseClientConnections()
 	fx.engines["e2"].Close()
 	if _, err := fx.fleet.SetLifecycle("e2", fleet.Failed, time.Now(), "test"); err != nil {
@@ -467,13 +458,7 @@ func TestAggregateFallback(t *testing.T) {
 			}
 		})
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for fx.live.Snapshot().Retained.Decoding < 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("residents did not start")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	fx.await("two residents decode", func(s router.Snapshot) bool { return s.Retained.Decoding >= 2 })
 	for _, id := range []string{"e1", "e2"} {
 		if _, err := fx.fleet.Drain(id, time.Now(), "test"); err != nil {
 			t.Fatal(err)
@@ -505,13 +490,7 @@ func TestAggregateFallback(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline = time.Now().Add(5 * time.Second)
-	for fx.live.Snapshot().Fallback != "" {
-		if time.Now().After(deadline) {
-			t.Fatal("fallback did not end")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	fx.await("the fallback ends", func(s router.Snapshot) bool { return s.Fallback == "" })
 	code, _, _ = fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"d","max_tokens":2}`, nil)
 	o = fx.lastOutcome()
 	if code != 200 || o.Placement.Get(wire.HeaderPlacement) != "disaggregated" || o.Placement.Get(wire.HeaderPrefiller) != fx.addr["e1"] {

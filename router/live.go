@@ -19,7 +19,8 @@ type Live struct {
 	r       *Router
 	waiters map[Handle]chan Outcome
 	hooks   Hooks
-	armed   time.Time // when Run's timer fires next (under mu)
+	armed   time.Time     // when Run's timer fires next (under mu)
+	changed chan struct{} // closed at the next change; nil while no one waits (Changed)
 
 	kick chan struct{}
 	pool sync.Pool
@@ -75,6 +76,7 @@ func (l *Live) Run(ctx context.Context) error {
 // has a deadline before Run's timer; call with the lock held. It returns what the hooks get:
 // call fire with it after unlocking.
 func (l *Live) flush() raised {
+	l.signal()
 	for _, o := range l.r.Ready() {
 		if ch, ok := l.waiters[o.Handle]; ok {
 			delete(l.waiters, o.Handle)
@@ -107,6 +109,43 @@ func (l *Live) fire(r raised) {
 	if l.hooks.Eject != nil {
 		for _, e := range r.ejected {
 			l.hooks.Eject(e)
+		}
+	}
+}
+
+// signal tells those waiting on Changed that the router may have changed; call with the lock
+// held. Nothing is allocated while no one waits.
+func (l *Live) signal() {
+	if l.changed != nil {
+		close(l.changed)
+		l.changed = nil
+	}
+}
+
+// Changed returns a channel closed at the router's next change: any call that may change its
+// state (an offer, a response event, a fleet change, a tick of Run). Await is the loop most
+// callers want.
+func (l *Live) Changed() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.changed == nil {
+		l.changed = make(chan struct{})
+	}
+	return l.changed
+}
+
+// Await waits until cond holds for the router's snapshot, checking it now and after each change,
+// or until ctx is done (ctx's error then).
+func (l *Live) Await(ctx context.Context, cond func(Snapshot) bool) error {
+	for {
+		ch := l.Changed() // before the check: a change after it closes ch
+		if cond(l.Snapshot()) {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
 }
@@ -170,6 +209,7 @@ func (l *Live) step(fn func(now time.Time) error) error {
 func (l *Live) Invalid() {
 	l.mu.Lock()
 	l.r.Invalid()
+	l.signal()
 	l.mu.Unlock()
 }
 

@@ -136,17 +136,71 @@ func TestLiveFirstTokenTimeout(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	l, _, stop := liveFixture(t, func(c *config.Config) { c.Router.FirstTokenTimeoutS = 0.05 })
 	defer stop()
-	time.Sleep(20 * time.Millisecond) // Run has armed its idle timer
+	awaitArmed(t, l) // Run sleeps on its idle timer: the offer's deadline must wake it
 	out, err := l.Offer(context.Background(), Offer{ID: "slow", PromptTokens: 100, MaxTokens: 10})
 	if err != nil || out.Status != Dispatched {
 		t.Fatalf("%+v %v", out, err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for l.Snapshot().Counters.FirstTokenTimeouts != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("not counted: %+v", l.Snapshot().Counters)
-		}
-		time.Sleep(5 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := l.Await(ctx, func(s Snapshot) bool { return s.Counters.FirstTokenTimeouts == 1 }); err != nil {
+		t.Fatalf("not counted: %+v", l.Snapshot().Counters)
 	}
 	_ = l.Complete(out.Handle, 0)
+}
+
+// awaitArmed waits until Run has armed its timer once (its first tick signals Changed, and sets
+// armed under the same lock).
+func awaitArmed(t *testing.T, l *Live) {
+	t.Helper()
+	timeout := time.After(5 * time.Second)
+	for {
+		ch := l.Changed()
+		l.mu.Lock()
+		armed := !l.armed.IsZero()
+		l.mu.Unlock()
+		if armed {
+			return
+		}
+		select {
+		case <-ch:
+		case <-timeout:
+			t.Fatal("Run never armed its timer")
+		}
+	}
+}
+
+// Await sees every kind of change: a condition made true by an offer, by a response event, by
+// an invalid offer, and by Run's tick alone; a cancelled context ends it with its error.
+func TestLiveAwait(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	l, _, stop := liveFixture(t, func(c *config.Config) { c.Router.FirstTokenTimeoutS = 0.05 })
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	results := make(chan error, 1)
+	go func() {
+		results <- l.Await(ctx, func(s Snapshot) bool { return s.Counters.Invalid == 1 })
+	}()
+	l.Invalid()
+	if err := <-results; err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		results <- l.Await(ctx, func(s Snapshot) bool { return s.Counters.Completed == 1 })
+	}()
+	out, err := l.Offer(ctx, Offer{ID: "a", PromptTokens: 100, MaxTokens: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = l.FirstToken(out.Handle)
+	_ = l.Complete(out.Handle, 10)
+	if err := <-results; err != nil {
+		t.Fatal(err)
+	}
+	short, cancelShort := context.WithCancel(ctx)
+	cancelShort()
+	if err := l.Await(short, func(Snapshot) bool { return false }); err != context.Canceled {
+		t.Fatalf("Await on a cancelled context: %v", err)
+	}
 }
