@@ -452,7 +452,7 @@ engines:
 	want := strings.Join([]string{
 		`router.pathz: unknown key (did you mean "paths"?)`,
 		`router.waiting_set.capacity: expected an integer, found string "many"`,
-		`listen.admin: port must be 1-65535, got "99999" in "127.0.0.1:99999"`,
+		`listen.admin: port must be 0-65535, got "99999" in "127.0.0.1:99999"`,
 		`controller.thresholds.dwell_s: must be >= 0, got -5`,
 		`profiles.alpha.decode.base_s: must be > 0, got 0`,
 		`profiles.zeta.decode.base_s: must be > 0, got -1`,
@@ -718,4 +718,17 @@ func FuzzLoad(f *testing.F) {
 			t.Fatalf("Load is not deterministic:\n%v\n----\n%v", err, err2)
 		}
 	})
+}
+
+// A listener may take port 0 (the system picks a free one): three of them on one host do not
+// conflict; an engine's address still needs a real port.
+func TestListenAnyPort(t *testing.T) {
+	cfg, err := Load([]byte("listen: {admin: \"127.0.0.1:0\", extproc: \"127.0.0.1:0\", xds: \"127.0.0.1:0\"}\n" + twoEngines))
+	if err != nil || cfg.Listen.Admin != "127.0.0.1:0" {
+		t.Fatalf("port 0 listeners: %v", err)
+	}
+	_, err = Load([]byte("engines:\n  - {id: a, address: \"127.0.0.1:0\", role: prefill}\n  - {id: b, address: \"127.0.0.1:2\", role: decode}\n"))
+	if err == nil || !strings.Contains(err.Error(), `engines[0].address: port must be 1-65535, got "0"`) {
+		t.Fatalf("an engine on port 0: %v", err)
+	}
 }

@@ -188,13 +188,15 @@ func (h hostPort) key() string { return net.JoinHostPort(h.host, strconv.Itoa(h.
 
 // overlaps reports whether two listen addresses would bind the same port on a shared host.
 func (h hostPort) overlaps(o hostPort) bool {
-	return h.port == o.port && (h.host == o.host || isAnyHost(h.host) || isAnyHost(o.host))
+	return h.port != 0 && h.port == o.port && (h.host == o.host || isAnyHost(h.host) || isAnyHost(o.host))
 }
 
 func isAnyHost(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
 
-// parseHostPort parses s as host:port with port 1-65535; the message says what is wrong.
-func parseHostPort(s string, emptyHost bool) (hostPort, string) {
+// parseHostPort parses s as host:port with port 1-65535; the message says what is wrong. A
+// listener's address may leave the host empty (every interface) and may have port 0 (a free
+// port the system picks; serve logs the one it got).
+func parseHostPort(s string, listener bool) (hostPort, string) {
 	if s == "" {
 		return hostPort{}, "must be host:port, got an empty string"
 	}
@@ -203,11 +205,14 @@ func parseHostPort(s string, emptyHost bool) (hostPort, string) {
 		return hostPort{}, fmt.Sprintf("must be host:port, got %q", s)
 	}
 	p, err := strconv.ParseUint(port, 10, 16)
-	if err != nil || p < 1 {
+	switch {
+	case err != nil && listener:
+		return hostPort{}, fmt.Sprintf("port must be 0-65535, got %q in %q", port, s)
+	case err != nil || p < 1 && !listener:
 		return hostPort{}, fmt.Sprintf("port must be 1-65535, got %q in %q", port, s)
 	}
 	switch {
-	case host == "" && !emptyHost:
+	case host == "" && !listener:
 		return hostPort{}, fmt.Sprintf("host must not be empty, got %q", s)
 	case host == "":
 	case isIP(host):

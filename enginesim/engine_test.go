@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -628,12 +627,7 @@ func TestDisaggregated(t *testing.T) {
 
 func TestPrefillerFailures(t *testing.T) {
 	dec := startEngine(t, Options{Profile: fastProfile()})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	down := ln.Addr().String()
-	ln.Close()
+	const down = "127.0.0.1:1" // tcpmux: nothing listens there
 	failing := serveEngine(t, New(Options{Profile: fastProfile()}), func(http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			http.Error(w, "out of memory", http.StatusInternalServerError)

@@ -21,6 +21,12 @@ func Run(ctx context.Context, addr string, o Options) error {
 	if err != nil {
 		return fmt.Errorf("enginesim: listen on %s: %w", addr, err)
 	}
+	return Serve(ctx, ln, o)
+}
+
+// Serve serves an engine on ln until ctx is done, then shuts down gracefully; it closes ln.
+func Serve(ctx context.Context, ln net.Listener, o Options) error {
+	addr := ln.Addr().String()
 	e := New(o)
 	defer e.Close()
 	srv := &http.Server{

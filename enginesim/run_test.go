@@ -36,11 +36,10 @@ func TestRunServesUntilCancelled(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
-	ln.Close()
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, addr, Options{Profile: fastProfile(), Role: "prefill"}) }()
+	go func() { done <- Serve(ctx, ln, Options{Profile: fastProfile(), Role: "prefill"}) }()
 
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()

@@ -21,15 +21,11 @@ import (
 // decode engine is killed: below min_decode, the next monitor pass repairs the floor with an
 // engine that may move, and the ADS client sees that too. The decision log audits clean.
 func TestServeRoleControlEndToEnd(t *testing.T) {
-	addrs := freeAddrs(t, 6)
-	admin, extprocAddr, xdsAddr, engines := addrs[0], addrs[1], addrs[2], addrs[3:]
-	procs := make([]*proc, len(engines))
-	for i, a := range engines {
-		procs[i] = startEngine(t, a, map[bool]string{true: "prefill", false: "decode"}[i == 0])
-	}
-	cfg := controlConfig(addrs, 0.2, 0.25, "health: {interval_s: 0.1, timeout_s: 0.1, unhealthy_after: 3, healthy_after: 3, recover_s: 0.5}")
+	procs, engines := startEngines(t, "prefill", "decode", "decode")
+	cfg := controlConfig(engines, 0.2, 0.25, "health: {interval_s: 0.1, timeout_s: 0.1, unhealthy_after: 3, healthy_after: 3, recover_s: 0.5}")
 	decisions := filepath.Join(t.TempDir(), "decisions.jsonl")
 	srv := start(t, "serve", "--config", writeConfig(t, cfg), "--decisions", decisions)
+	admin, extprocAddr, xdsAddr := srv.serving(t)
 	waitFor(t, admin, 10*time.Second, "three active engines", allActive(3))
 	eds := adsWatch(t, xdsAddr)
 	awaitEDS(t, eds, "initial roles", func(g map[string]map[string]string) bool {
@@ -101,13 +97,9 @@ func TestServeRoleControlEndToEnd(t *testing.T) {
 // alone exceeds slo.ttft_s, with both splits projecting it the same, gives `retained` with
 // reason prefill_exceeds_slo.
 func TestServeUrgentDroppedAndRetained(t *testing.T) {
-	addrs := freeAddrs(t, 6)
-	admin, extprocAddr, engines := addrs[0], addrs[1], addrs[3:]
-	for i, a := range engines {
-		startEngine(t, a, map[bool]string{true: "prefill", false: "decode"}[i == 0])
-	}
-	cfg := controlConfig(addrs, 1, 1, "slo: {ttft_s: 0.3}") // a second to see the burst drain, even on a loaded machine
-	start(t, "serve", "--config", writeConfig(t, cfg))
+	_, engines := startEngines(t, "prefill", "decode", "decode")
+	cfg := controlConfig(engines, 1, 1, "slo: {ttft_s: 0.3}") // a second to see the burst drain, even on a loaded machine
+	admin, extprocAddr, _ := start(t, "serve", "--config", writeConfig(t, cfg)).serving(t)
 	waitFor(t, admin, 10*time.Second, "three active engines", allActive(3))
 	client := envoytest.NewTestClient(t, extprocAddr, envoytest.Mode{RequestBody: envoytest.Buffered,
 		ResponseBody: envoytest.Streamed, MessageTimeout: time.Minute, BufferLimit: 8 << 20})
@@ -197,11 +189,11 @@ func getDecisions(t *testing.T, admin string) []decisionView {
 	return st.Decisions
 }
 
-// controlConfig is the config of the role-control end-to-end tests for addrs (admin, ext_proc,
-// xDS, then engines e1 prefill, e2 and e3 decode): one prefill slot per engine, a fast urgent
-// path (urgentS) and evidence window, monitor passes every monitorS, quick shutdown; extra adds
-// top-level keys (not these).
-func controlConfig(addrs []string, monitorS, urgentS float64, extra string) string {
+// controlConfig is the config of the role-control end-to-end tests for engines (e1 prefill, e2
+// and e3 decode), listening on ports the system picks: one prefill slot per engine, a fast
+// urgent path (urgentS) and evidence window, monitor passes every monitorS, quick shutdown;
+// extra adds top-level keys (not these).
+func controlConfig(engines []string, monitorS, urgentS float64, extra string) string {
 	return fmt.Sprintf(`listen: {admin: %q, extproc: %q, xds: %q}
 router: {waiting_set: {max_wait_s: 60}, first_token_timeout_s: 60}
 shutdown_grace_s: 1
@@ -219,5 +211,5 @@ engines:
   - {id: e2, address: %q, role: decode, profile: one}
   - {id: e3, address: %q, role: decode, profile: one}
 %s
-`, addrs[0], addrs[1], addrs[2], monitorS, urgentS, addrs[3], addrs[4], addrs[5], extra)
+`, anyPort, anyPort, anyPort, monitorS, urgentS, engines[0], engines[1], engines[2], extra)
 }

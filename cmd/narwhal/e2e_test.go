@@ -45,23 +45,15 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// freeAddrs returns n loopback addresses that were free a moment ago.
-func freeAddrs(t testing.TB, n int) []string {
+// anyPort is a listen address on a port the system picks: processes under test bind it and log
+// the address they got, so parallel runs never collide on a port.
+const anyPort = "127.0.0.1:0"
+
+// serving waits for narwhal serve's start line and returns the addresses it listens on.
+func (p *proc) serving(t testing.TB) (admin, extproc, xds string) {
 	t.Helper()
-	var out []string
-	var lns []net.Listener
-	for i := 0; i < n; i++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		out = append(out, ln.Addr().String())
-	}
-	for _, ln := range lns {
-		_ = ln.Close()
-	}
-	return out
+	a := p.out.logged(t, "narwhal serving", "admin", "extproc", "xds")
+	return a[0], a[1], a[2]
 }
 
 // proc is a started narwhal process whose output is kept for failure messages.
@@ -205,36 +197,48 @@ func lifecycleOf(st stateView, id string) string {
 	return ""
 }
 
-func startEngine(t testing.TB, addr, role string) *proc {
+// startEngine starts an enginesim process in role on a port the system picks and returns it
+// with its address, once it serves.
+func startEngine(t testing.TB, role string) (*proc, string) {
+	t.Helper()
+	p := startEngineAt(t, anyPort, role)
+	return p, p.out.logged(t, "enginesim serving", "addr")[0]
+}
+
+// startEngineAt starts an enginesim process on addr (an engine restarting where it was) and
+// waits until it serves.
+func startEngineAt(t testing.TB, addr, role string) *proc {
 	t.Helper()
 	p := start(t, "enginesim", "--listen", addr, "--role", role)
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if resp, err := http.Get("http://" + addr + "/health"); err == nil {
-			resp.Body.Close()
-			return p
-		}
-		time.Sleep(10 * time.Millisecond)
+	got := p.out.logged(t, "enginesim serving", "addr")[0]
+	resp, err := http.Get("http://" + got + "/health") // it listens before it logs
+	if err != nil {
+		t.Fatalf("enginesim on %s: %v", got, err)
 	}
-	t.Fatalf("enginesim on %s did not come up", addr)
-	return nil
+	resp.Body.Close()
+	return p
+}
+
+// startEngines starts one engine per role and returns the processes and their addresses.
+func startEngines(t testing.TB, roles ...string) ([]*proc, []string) {
+	t.Helper()
+	procs, addrs := make([]*proc, len(roles)), make([]string, len(roles))
+	for i, r := range roles {
+		procs[i], addrs[i] = startEngine(t, r)
+	}
+	return procs, addrs
 }
 
 // TestServeHealthEndToEnd runs narwhal serve against four enginesim processes, kills one, and
 // restarts it: the engine is failed within unhealthy_after × interval_s (+ one interval, plus
 // a margin for a loaded machine), then comes back through recovering to active.
 func TestServeHealthEndToEnd(t *testing.T) {
-	addrs := freeAddrs(t, 7)
-	admin, engines := addrs[0], addrs[3:]
-	procs := make([]*proc, len(engines))
-	for i, a := range engines {
-		role := map[bool]string{true: "prefill", false: "decode"}[i < 2]
-		procs[i] = startEngine(t, a, role)
-	}
+	procs, engines := startEngines(t, "prefill", "prefill", "decode", "decode")
 	// e4 is configured by host name: narwhal resolves it to IP:port.
 	named := append([]string(nil), engines...)
 	named[3] = "localhost" + named[3][strings.LastIndexByte(named[3], ':'):]
-	srv := start(t, "serve", "--config", writeConfig(t, e2eConfig(admin, addrs[1], addrs[2], named)))
+	srv := start(t, "serve", "--config", writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, named)))
+	admin, _, _ := srv.serving(t)
 	st := waitFor(t, admin, 10*time.Second, "four active engines", allActive(4))
 	if st.Split.Prefill != 2 || st.Split.Decode != 2 {
 		t.Fatalf("split %+v, want 2/2", st.Split)
@@ -259,7 +263,7 @@ func TestServeHealthEndToEnd(t *testing.T) {
 	}
 
 	// Restart it on the same address: recovering, then active.
-	procs[2] = startEngine(t, engines[2], "decode")
+	procs[2] = startEngineAt(t, engines[2], "decode")
 	waitFor(t, admin, 5*time.Second, "e3 recovering", func(s stateView) bool {
 		l := lifecycleOf(s, "e3")
 		return l == "recovering" || l == "active"
@@ -281,8 +285,8 @@ func TestServeErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	addrs := freeAddrs(t, 3)
-	cfg := writeConfig(t, e2eConfig(ln.Addr().String(), addrs[0], addrs[1], []string{addrs[2]})+"controller: {min_prefill: 0, min_decode: 1}\n")
+	// (The engine is never contacted: serve stops at its listeners.)
+	cfg := writeConfig(t, e2eConfig(ln.Addr().String(), anyPort, anyPort, []string{"127.0.0.1:1"})+"controller: {min_prefill: 0, min_decode: 1}\n")
 	out, code := runBin(t, "serve", "--config", cfg)
 	if code != 1 || !strings.Contains(out, "listen.admin "+ln.Addr().String()) || !strings.Contains(out, "address already in use") {
 		t.Fatalf("port in use: exit %d, output %q", code, out)
@@ -290,17 +294,11 @@ func TestServeErrors(t *testing.T) {
 	if lines := strings.Count(strings.TrimSpace(out), "\n") + 1; lines != 1 {
 		t.Fatalf("port in use printed %d lines:\n%s", lines, out)
 	}
-	// The ext_proc port in use: the same, naming listen.extproc, and nothing left listening.
-	free := freeAddrs(t, 3)
-	cfg = writeConfig(t, e2eConfig(free[0], ln.Addr().String(), free[1], []string{free[2]})+"controller: {min_prefill: 0, min_decode: 1}\n")
+	// The ext_proc port in use: the same, naming listen.extproc.
+	cfg = writeConfig(t, e2eConfig(anyPort, ln.Addr().String(), anyPort, []string{"127.0.0.1:1"})+"controller: {min_prefill: 0, min_decode: 1}\n")
 	out, code = runBin(t, "serve", "--config", cfg)
 	if code != 1 || !strings.Contains(out, "listen.extproc "+ln.Addr().String()) {
 		t.Fatalf("ext_proc port in use: exit %d, output %q", code, out)
-	}
-	if l, err := net.Listen("tcp", free[0]); err != nil {
-		t.Fatalf("the admin listener was left open: %v", err)
-	} else {
-		_ = l.Close()
 	}
 	// Unreadable config: exit 2.
 	out, code = runBin(t, "serve", "--config", filepath.Join(t.TempDir(), "missing.yaml"))

@@ -28,10 +28,7 @@ import (
 // stream until the grace ends. Before, all 200 got a broken transport (a 500 from Envoy).
 func TestShutdownAnswersWaiting(t *testing.T) {
 	const waiting = 200
-	addrs := freeAddrs(t, 5)
-	admin, extprocAddr, xds, engines := addrs[0], addrs[1], addrs[2], addrs[3:]
-	startEngine(t, engines[0], "prefill")
-	startEngine(t, engines[1], "decode")
+	_, engines := startEngines(t, "prefill", "decode")
 	cfg := fmt.Sprintf(`listen: {admin: %q, extproc: %q, xds: %q}
 router: {waiting_set: {capacity: 1000, max_wait_s: 120}, first_token_timeout_s: 120}
 shutdown_grace_s: 1
@@ -43,8 +40,9 @@ profiles:
 engines:
   - {id: p, address: %q, role: prefill, profile: one}
   - {id: d, address: %q, role: decode, profile: one}
-`, admin, extprocAddr, xds, engines[0], engines[1])
+`, anyPort, anyPort, anyPort, engines[0], engines[1])
 	srv := start(t, "serve", "--config", writeConfig(t, cfg))
+	admin, extprocAddr, _ := srv.serving(t)
 	waitFor(t, admin, 10*time.Second, "serve up", allActive(2))
 
 	mode := envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, MessageTimeout: time.Minute}
@@ -105,16 +103,14 @@ engines:
 func TestMemoryBoundNonReadingClients(t *testing.T) {
 	const streams = 200
 	const chunk = 16 << 10
-	addrs := freeAddrs(t, 5)
-	admin, extprocAddr, xds, engines := addrs[0], addrs[1], addrs[2], addrs[3:]
-	startEngine(t, engines[0], "prefill")
-	startEngine(t, engines[1], "decode")
+	_, engines := startEngines(t, "prefill", "decode")
 	cfg := fmt.Sprintf(`listen: {admin: %q, extproc: %q, xds: %q}
 engines:
   - {id: p, address: %q, role: prefill}
   - {id: d, address: %q, role: decode}
-`, admin, extprocAddr, xds, engines[0], engines[1])
+`, anyPort, anyPort, anyPort, engines[0], engines[1])
 	srv := start(t, "serve", "--config", writeConfig(t, cfg))
+	admin, extprocAddr, _ := srv.serving(t)
 	waitFor(t, admin, 10*time.Second, "serve up", allActive(2))
 	base, baseHeap := rssBytes(t, srv.cmd.Process.Pid), goMetrics(t, admin)["go_memstats_heap_inuse_bytes"]
 

@@ -39,11 +39,7 @@ func rssBytes(tb testing.TB, pid int) float64 {
 func BenchmarkServeMemory(b *testing.B) {
 	const inFlight, waiting, conns = 50000, 10000, 8
 	for i := 0; i < b.N; i++ {
-		addrs := freeAddrs(b, 5)
-		admin, extprocAddr, engines := addrs[0], addrs[1], addrs[3:]
-		for k, a := range engines {
-			startEngine(b, a, []string{"prefill", "decode"}[k])
-		}
+		_, engines := startEngines(b, "prefill", "decode")
 		cfg := fmt.Sprintf(`listen: {admin: %q, extproc: %q, xds: %q}
 router: {waiting_set: {capacity: %d, max_wait_s: 600}, first_token_timeout_s: 3600}
 profiles:
@@ -54,11 +50,12 @@ profiles:
 engines:
   - {id: p, address: %q, role: prefill, profile: big}
   - {id: d, address: %q, role: decode, profile: big}
-`, admin, extprocAddr, addrs[2], waiting, inFlight, inFlight, engines[0], engines[1])
+`, anyPort, anyPort, anyPort, waiting, inFlight, inFlight, engines[0], engines[1])
 		if gc := os.Getenv("NARWHAL_BENCH_GOGC"); gc != "" {
 			b.Setenv("GOGC", gc)
 		}
 		srv := start(b, "serve", "--config", writeConfig(b, cfg))
+		admin, extprocAddr, _ := srv.serving(b)
 		waitFor(b, admin, 10*time.Second, "serve up", func(s stateView) bool { return len(s.Engines) == 2 })
 		base := rssBytes(b, srv.cmd.Process.Pid)
 

@@ -31,18 +31,13 @@ func TestTraceReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addrs := freeAddrs(t, 7)
-	adminAddr, extprocAddr, engines := addrs[0], addrs[1], addrs[3:]
+	_, engines := startEngines(t, "prefill", "prefill", "decode", "decode")
 	engine := map[string]bool{}
 	for _, a := range engines {
 		engine[a] = true
 	}
-	for i, a := range engines {
-		role := map[bool]string{true: "prefill", false: "decode"}[i < 2]
-		startEngine(t, a, role)
-	}
-	cfg := e2eConfig(adminAddr, extprocAddr, addrs[2], engines)
-	start(t, "serve", "--config", writeConfig(t, cfg))
+	cfg := e2eConfig(anyPort, anyPort, anyPort, engines)
+	adminAddr, extprocAddr, _ := start(t, "serve", "--config", writeConfig(t, cfg)).serving(t)
 	waitFor(t, adminAddr, 10*time.Second, "serve up", func(s stateView) bool { return len(s.Engines) == 4 })
 
 	mode := envoytest.Mode{

@@ -87,13 +87,8 @@ func awaitEDS(t *testing.T, ch <-chan map[string]map[string]string, what string,
 // TestServeXDSEndToEnd: an ADS client of a real narwhal serve sees the fleet, then sees a health
 // failure and an operator drain arrive as new EDS versions.
 func TestServeXDSEndToEnd(t *testing.T) {
-	addrs := freeAddrs(t, 7)
-	admin, xdsAddr, engines := addrs[0], addrs[2], addrs[3:]
-	procs := make([]*proc, len(engines))
-	for i, a := range engines {
-		procs[i] = startEngine(t, a, map[bool]string{true: "prefill", false: "decode"}[i < 2])
-	}
-	start(t, "serve", "--config", writeConfig(t, e2eConfig(admin, addrs[1], xdsAddr, engines)))
+	procs, engines := startEngines(t, "prefill", "prefill", "decode", "decode")
+	admin, _, xdsAddr := start(t, "serve", "--config", writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines))).serving(t)
 	waitFor(t, admin, 10*time.Second, "four active engines", allActive(4))
 	eds := adsWatch(t, xdsAddr)
 	awaitEDS(t, eds, "initial assignments", func(g map[string]map[string]string) bool {
