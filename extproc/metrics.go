@@ -18,6 +18,7 @@ type Metrics struct {
 	tpot       prometheus.Histogram
 	protocol   prometheus.Counter
 	refused    prometheus.Counter
+	router     *prometheus.CounterVec
 }
 
 // NewMetrics registers the data path metrics with reg.
@@ -49,11 +50,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "narwhal_extproc_streams_refused_total",
 		Help: "ext_proc streams answered 503 overloaded because the concurrent stream limit was reached.",
 	})
+	m.router = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "narwhal_extproc_router_errors_total",
+		Help: "Response events (first_token, complete, fail, cancel) the router refused: a request it no longer knew.",
+	}, []string{"event"})
 	m.phases = map[string]prometheus.Observer{}
 	for _, p := range []string{"request_headers", "request_body", "request_trailers", "response_headers", "response_body", "response_trailers"} {
 		m.phases[p] = m.processing.WithLabelValues(p)
 	}
-	reg.MustRegister(m.processing, m.wait, m.ttft, m.tpot, m.protocol, m.refused)
+	reg.MustRegister(m.processing, m.wait, m.ttft, m.tpot, m.protocol, m.refused, m.router)
 	return m
 }
 
@@ -85,6 +90,12 @@ func (m *Metrics) observeTPOT(s float64) {
 func (m *Metrics) protocolError() {
 	if m != nil {
 		m.protocol.Inc()
+	}
+}
+
+func (m *Metrics) routerError(event string) {
+	if m != nil {
+		m.router.WithLabelValues(event).Inc()
 	}
 }
 

@@ -107,7 +107,7 @@ func NewParseOptions(r config.Router, s *Sizer) ParseOptions {
 func ParseRequest(body []byte, chat bool, opts ParseOptions) (Request, *RequestError) {
 	if opts.BodyLimit > 0 && int64(len(body)) > opts.BodyLimit {
 		return Request{}, &RequestError{Status: 413, Code: CodeBodyTooLarge,
-			Message: fmt.Sprintf("body is %d bytes, over the limit of %d bytes", len(body), opts.BodyLimit)}
+			Message: fmt.Sprintf("the body is over the limit of %d bytes (router.body_limit_bytes)", opts.BodyLimit)}
 	}
 	p := parser{scanner: scanner{b: body}, opts: opts, chat: chat}
 	if opts.BlockTokens > 0 {

@@ -199,7 +199,7 @@ func TestParseRequestBodyLimit(t *testing.T) {
 			t.Fatalf("limit %d: err %v", tc.limit, err)
 		}
 		if err != nil && (err.Status != 413 || err.Code != CodeBodyTooLarge ||
-			err.Message != fmt.Sprintf("body is 29 bytes, over the limit of %d bytes", tc.limit)) {
+			err.Message != fmt.Sprintf("the body is over the limit of %d bytes (router.body_limit_bytes)", tc.limit)) {
 			t.Fatalf("limit %d: got %d %s %q", tc.limit, err.Status, err.Code, err.Message)
 		}
 	}

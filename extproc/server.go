@@ -234,14 +234,25 @@ func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
 			}
 		}
 		clear(out) // a held stream keeps no reply alive
-		if !answered && st.phase >= phaseResponse {
+		if !answered && st.phase >= phasePassing {
 			answered = true
 			s.answer()
 		}
-		if st.phase == phaseDone && st.closed {
+		if st.phase == phaseAnswered {
 			return nil
 		}
 	}
+}
+
+// routerErr is the data path's one error path for response events (op: first_token, complete,
+// fail, cancel) the router refused — a request it no longer knows, which is a bug or a race with
+// its own limits: logged with the request id and counted; the exchange goes on.
+func (s *Server) routerErr(id, op string, err error) {
+	if err == nil {
+		return
+	}
+	s.log.Warn("the router refused a response event", "request_id", id, "event", op, "err", err)
+	s.metrics.routerError(op)
 }
 
 // refuse answers a stream over the limit: its first message gets a 503 overloaded reply.

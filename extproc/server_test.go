@@ -4,14 +4,18 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/enginesim"
@@ -67,6 +71,12 @@ func relaxed(body envoytest.Mode) envoytest.Mode {
 
 func newFixture(t *testing.T, mode envoytest.Mode, tweak func(*config.Config), roles ...string) *fixture {
 	t.Helper()
+	return newFixtureWith(t, mode, tweak, nil, roles...)
+}
+
+// newFixtureWith is newFixture with the server's options edited by edit (when not nil).
+func newFixtureWith(t *testing.T, mode envoytest.Mode, tweak func(*config.Config), edit func(*extproc.Options), roles ...string) *fixture {
+	t.Helper()
 	if len(roles) == 0 {
 		roles = []string{"prefill", "prefill", "decode", "decode"}
 	}
@@ -87,7 +97,11 @@ func newFixture(t *testing.T, mode envoytest.Mode, tweak func(*config.Config), r
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: fx.live, Sizer: sizer})
+	opts := extproc.Options{Router: cfg.Router, Placer: fx.live, Sizer: sizer}
+	if edit != nil {
+		edit(&opts)
+	}
+	srv := extproc.NewServer(opts)
 	fx.extproc = envoytest.StartServer(t, srv, extproc.GRPCServerOptions(cfg)...)
 	var hs *httptest.Server
 	fx.gw, hs = envoytest.StartGateway(t, fx.extproc, mode, envoytest.WithRoutedPaths(cfg.Router.Paths...),
@@ -515,4 +529,73 @@ func TestFullDuplexPassThrough(t *testing.T) {
 	if s := fx.settle(); s.Counters.Offers != 0 {
 		t.Fatalf("an unrouted path was offered: %+v", s.Counters)
 	}
+}
+
+// refusing is the live router, except that it refuses every completion after recording it.
+type refusing struct{ *router.Live }
+
+func (p refusing) Complete(h router.Handle, n int) error {
+	_ = p.Live.Complete(h, n)
+	return errors.New("router: unknown request")
+}
+
+// lockedBuffer is a log sink safe for the server's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// A response event the router refuses is not dropped: the data path logs it with the request id
+// and counts it, and the client's exchange goes on untouched. Before, the error was discarded.
+func TestRouterErrorsAreLoggedAndCounted(t *testing.T) {
+	var logs lockedBuffer
+	reg := prometheus.NewRegistry()
+	fx := newFixtureWith(t, relaxed(envoytest.Mode{}), nil, func(o *extproc.Options) {
+		o.Placer = refusing{o.Placer.(*router.Live)}
+		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		o.Metrics = extproc.NewMetrics(reg)
+	}, "prefill", "decode")
+	code, _, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a","max_tokens":3}`, map[string]string{"x-request-id": "req-7"})
+	if code != 200 {
+		t.Fatalf("the client got %d %s", code, body)
+	}
+	fx.settle()
+	if got := counterValue(t, reg, "narwhal_extproc_router_errors_total", "complete"); got != 1 {
+		t.Fatalf("narwhal_extproc_router_errors_total{event=complete} = %v, want 1", got)
+	}
+	if l := logs.String(); !strings.Contains(l, "request_id=req-7") || !strings.Contains(l, "event=complete") {
+		t.Fatalf("log:\n%s", l)
+	}
+}
+
+// counterValue is the value of the counter name{...=label} in reg (0 when absent).
+func counterValue(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) > 0 && m.GetLabel()[0].GetValue() == label {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }

@@ -15,16 +15,22 @@ import (
 	"github.com/narwhal-llm/narwhal/wire"
 )
 
-// phase is where one request is in its ext_proc exchange. It only moves forward.
+// phase is where one request is in its ext_proc exchange: the stream's only lifecycle state.
+// It only moves forward, and only through stream.to.
 type phase uint8
 
 const (
 	phaseHeaders   phase = iota // waiting for request headers
 	phaseBody                   // reading the request body of a routed request
-	phaseResponse               // placed (or passed through): waiting for response headers
-	phaseStreaming              // observing the response body
-	phaseDone                   // answered, or the response ended
+	phasePassing                // not routed: the exchange passes through untouched
+	phasePlaced                 // placed: waiting for the response headers
+	phaseStreaming              // placed: observing the streamed response body
+	phaseSettled                // the request's end was reported to the router; the rest passes
+	phaseAnswered               // Narwhal answered the request itself, or the exchange broke: no message may follow
 )
+
+// holds reports whether the request holds a placement the router must hear the end of.
+func (p phase) holds() bool { return p == phasePlaced || p == phaseStreaming }
 
 // seen records which parts of the HTTP exchange Envoy has sent on the stream.
 type seen uint8
@@ -37,33 +43,55 @@ const (
 	seenResponseTrailers
 )
 
-// stream is one request's state: the protocol phase, the request facts, the placement, and what
-// the response showed. Small on purpose.
+// stream is one request's ext_proc exchange: its phase, and one small struct per concern.
 type stream struct {
-	s      *Server
-	ctx    context.Context
-	phase  phase
-	seen   seen
-	closed bool // an ImmediateResponse ended the exchange
+	s     *Server
+	ctx   context.Context
+	phase phase
+	x     exchange
+	req   request
+	pl    placement
+	resp  observation
+}
 
-	routed, chat   bool
-	fullDuplex     bool                      // request body mode FULL_DUPLEX_STREAMED
-	respDuplex     bool                      // response body mode FULL_DUPLEX_STREAMED
-	refuseStreamed bool                      // request body mode STREAMED: no body-based placement possible
-	strip          *extprocv3.HeaderMutation // client routing headers to remove
-	waited         time.Duration             // time spent in the waiting set during this message
-	id             string
-	body           []byte // full-duplex request body being gathered
+// exchange is the protocol's state: what Envoy has sent, the body modes it announced, and the
+// replies to the current message.
+type exchange struct {
+	seen           seen
+	fullDuplex     bool          // request body mode FULL_DUPLEX_STREAMED
+	respDuplex     bool          // response body mode FULL_DUPLEX_STREAMED
+	refuseStreamed bool          // request body mode STREAMED: no body-based placement possible
+	waited         time.Duration // time spent in the waiting set during this message
+	out            []*extprocv3.ProcessingResponse
+}
 
-	req      Request
-	placed   bool
+// request is what the request showed before its placement.
+type request struct {
+	routed, chat bool
+	id           string
+	arrival      time.Time
+	strip        *extprocv3.HeaderMutation // client routing headers to remove
+	body         []byte                    // full-duplex request body being gathered
+	parsed       Request
+}
+
+// placement is the router's answer, while the request holds it (phase.holds).
+type placement struct {
 	handle   router.Handle
-	arrival  time.Time
-	firstAt  time.Time
 	projTTFT float64
-	obs      ResponseObserver
+}
 
-	out []*extprocv3.ProcessingResponse
+// observation is what the response has shown.
+type observation struct {
+	obs     ResponseObserver
+	firstAt time.Time
+}
+
+// to moves the request to phase p; phases only move forward.
+func (st *stream) to(p phase) {
+	if p > st.phase {
+		st.phase = p
+	}
 }
 
 func newStream(s *Server, ctx context.Context) *stream {
@@ -74,21 +102,21 @@ func newStream(s *Server, ctx context.Context) *stream {
 // does not fit the exchange so far (order) is a protocol violation: step returns it as an
 // error, after releasing what the request held, and the stream must end.
 func (st *stream) step(req *extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) {
-	st.out = st.out[:0]
+	st.x.out = st.x.out[:0]
 	if what := st.order(req); what != "" {
-		if st.placed { // the exchange broke: the request failed, through no fault of the engine
-			st.settle(func() error { return st.s.placer.Fail(st.handle, router.FailRequest) })
+		if st.phase.holds() { // the exchange broke: the request failed, through no fault of the engine
+			st.settle("fail", st.s.placer.Fail(st.pl.handle, router.FailRequest))
 		}
-		st.phase = phaseDone
+		st.to(phaseAnswered)
 		st.s.metrics.protocolError()
 		return nil, &ProtocolError{What: what}
 	}
 	start := st.s.now()
 	if pc := req.GetProtocolConfig(); pc != nil {
-		st.fullDuplex = pc.GetRequestBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
-		st.respDuplex = pc.GetResponseBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+		st.x.fullDuplex = pc.GetRequestBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+		st.x.respDuplex = pc.GetResponseBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 		if pc.GetRequestBodyMode() == filterv3.ProcessingMode_STREAMED {
-			st.refuseStreamed = true
+			st.x.refuseStreamed = true
 		}
 	}
 	var name string
@@ -114,9 +142,9 @@ func (st *stream) step(req *extprocv3.ProcessingRequest) ([]*extprocv3.Processin
 	default:
 		return nil, nil // flow-control-only messages carry no request part and need no reply
 	}
-	st.s.metrics.observePhase(name, st.s.now().Sub(start)-st.waited)
-	st.waited = 0
-	return st.out, nil
+	st.s.metrics.observePhase(name, st.s.now().Sub(start)-st.x.waited)
+	st.x.waited = 0
+	return st.x.out, nil
 }
 
 // ProtocolError is an ext_proc message that does not fit its stream: Envoy sends one HTTP
@@ -132,8 +160,8 @@ func (e *ProtocolError) Error() string {
 // order checks that a message fits what the stream has seen and records it; it returns what
 // is wrong, or "" when the message fits.
 func (st *stream) order(req *extprocv3.ProcessingRequest) string {
-	has := func(s seen) bool { return st.seen&s != 0 }
-	if st.phase == phaseDone && st.closed {
+	has := func(s seen) bool { return st.x.seen&s != 0 }
+	if st.phase == phaseAnswered {
 		return "a message after Narwhal answered the request itself"
 	}
 	var eos bool
@@ -142,10 +170,10 @@ func (st *stream) order(req *extprocv3.ProcessingRequest) string {
 		if has(seenRequestHeaders) {
 			return "request_headers a second time"
 		}
-		st.seen |= seenRequestHeaders
+		st.x.seen |= seenRequestHeaders
 		eos = r.RequestHeaders.GetEndOfStream()
 		if eos {
-			st.seen |= seenRequestEnd
+			st.x.seen |= seenRequestEnd
 		}
 		return ""
 	case nil:
@@ -160,13 +188,13 @@ func (st *stream) order(req *extprocv3.ProcessingRequest) string {
 			return "request_body after the request ended"
 		}
 		if r.RequestBody.GetEndOfStream() {
-			st.seen |= seenRequestEnd
+			st.x.seen |= seenRequestEnd
 		}
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		if has(seenRequestEnd) {
 			return "request_trailers after the request ended"
 		}
-		st.seen |= seenRequestEnd
+		st.x.seen |= seenRequestEnd
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		switch {
 		case has(seenResponseHeaders):
@@ -174,9 +202,9 @@ func (st *stream) order(req *extprocv3.ProcessingRequest) string {
 		case st.phase == phaseHeaders || st.phase == phaseBody:
 			return "response_headers before the request was answered"
 		}
-		st.seen |= seenResponseHeaders
+		st.x.seen |= seenResponseHeaders
 		if r.ResponseHeaders.GetEndOfStream() {
-			st.seen |= seenResponseEnd
+			st.x.seen |= seenResponseEnd
 		}
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		switch {
@@ -186,7 +214,7 @@ func (st *stream) order(req *extprocv3.ProcessingRequest) string {
 			return "response_body after the response ended"
 		}
 		if r.ResponseBody.GetEndOfStream() {
-			st.seen |= seenResponseEnd
+			st.x.seen |= seenResponseEnd
 		}
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
 		switch {
@@ -195,17 +223,17 @@ func (st *stream) order(req *extprocv3.ProcessingRequest) string {
 		case has(seenResponseTrailers):
 			return "response_trailers a second time"
 		}
-		st.seen |= seenResponseTrailers | seenResponseEnd
+		st.x.seen |= seenResponseTrailers | seenResponseEnd
 	}
 	return ""
 }
 
-func (st *stream) reply(r *extprocv3.ProcessingResponse) { st.out = append(st.out, r) }
+func (st *stream) reply(r *extprocv3.ProcessingResponse) { st.x.out = append(st.x.out, r) }
 
 // reject answers the request with an ImmediateResponse, which ends the exchange.
 func (st *stream) reject(r rejection, details string) {
 	st.reply(immediate(r, details))
-	st.phase, st.closed = phaseDone, true
+	st.to(phaseAnswered)
 }
 
 // requestHeaders strips client routing headers on every path; a routed request then waits for
@@ -228,27 +256,27 @@ func (st *stream) requestHeaders(h *extprocv3.HttpHeaders) {
 	if len(strip) > 0 {
 		mut = &extprocv3.HeaderMutation{RemoveHeaders: strip}
 	}
-	st.routed, st.chat = st.s.routed(path)
-	if !st.routed {
-		st.phase = phaseResponse
+	st.req.routed, st.req.chat = st.s.routed(path)
+	if !st.req.routed {
+		st.to(phasePassing)
 		st.reply(continueRequestHeaders(mut))
 		return
 	}
-	st.id = st.s.requestID(envoyID)
-	st.arrival = st.s.now()
-	if st.refuseStreamed {
+	st.req.id = st.s.requestID(envoyID)
+	st.req.arrival = st.s.now()
+	if st.x.refuseStreamed {
 		st.reject(rejection{status: 500, code: "unsupported_body_mode",
 			message: "narwhal: request_body_mode STREAMED cannot carry a body-based placement; configure BUFFERED or FULL_DUPLEX_STREAMED"},
 			"narwhal_streamed_request_body_mode")
 		return
 	}
-	st.strip = mut
+	st.req.strip = mut
 	if h.GetEndOfStream() { // no body at all
 		st.offer(nil)
 		return
 	}
-	st.phase = phaseBody
-	if !st.fullDuplex {
+	st.to(phaseBody)
+	if !st.x.fullDuplex {
 		st.reply(continueRequestHeaders(mut))
 	}
 }
@@ -256,34 +284,33 @@ func (st *stream) requestHeaders(h *extprocv3.HttpHeaders) {
 // requestBody reads the body: BUFFERED sends it whole; full duplex in chunks, gathered here.
 func (st *stream) requestBody(b *extprocv3.HttpBody) {
 	if st.phase != phaseBody { // a passed-through request's body
-		if st.fullDuplex { // Envoy forwards only what comes back
+		if st.x.fullDuplex { // Envoy forwards only what comes back
 			st.reply(echoRequestBody(b.GetBody(), b.GetEndOfStream()))
 			return
 		}
 		st.reply(requestBodyContinue)
 		return
 	}
-	if !st.fullDuplex {
+	if !st.x.fullDuplex {
 		body := b.Body
 		b.Body = nil // Envoy keeps the buffered body: a waiting request does not hold it here
 		st.offer(body)
 		return
 	}
-	if len(st.body)+len(b.GetBody()) <= int(st.s.cfg.BodyLimitBytes)+1 {
-		st.body = append(st.body, b.GetBody()...)
-	} else if len(st.body) <= int(st.s.cfg.BodyLimitBytes) {
-		st.body = append(st.body, b.GetBody()[:int(st.s.cfg.BodyLimitBytes)+1-len(st.body)]...)
+	// Gathered up to one byte past the limit: enough for ParseRequest to answer 413.
+	if keep := int(st.s.cfg.BodyLimitBytes) + 1 - len(st.req.body); keep > 0 {
+		st.req.body = append(st.req.body, b.GetBody()[:min(keep, len(b.GetBody()))]...)
 	}
 	if b.GetEndOfStream() {
-		st.offer(st.body)
+		st.offer(st.req.body)
 	}
 }
 
 // requestTrailers ends a full-duplex body that was not ended by its last chunk.
 func (st *stream) requestTrailers() {
-	if st.phase == phaseBody && st.fullDuplex {
-		st.offer(st.body)
-		if st.closed {
+	if st.phase == phaseBody && st.x.fullDuplex {
+		st.offer(st.req.body)
+		if st.phase == phaseAnswered {
 			return
 		}
 	}
@@ -299,44 +326,42 @@ func (st *stream) offer(body []byte) {
 	}
 }
 
-// parse reads the request into st.req, or answers 413/400 and reports false.
+// parse reads the request into st.req.parsed, or answers 413/400 (ParseRequest's verdict) and
+// reports false.
 func (st *stream) parse(body []byte) bool {
-	if int64(len(body)) > st.s.cfg.BodyLimitBytes {
-		st.s.placer.Invalid()
-		st.reject(rejection{status: 413, code: "body_too_large",
-			message: "request body is " + strconv.Itoa(len(body)) + " bytes or more; the limit is " + strconv.FormatInt(st.s.cfg.BodyLimitBytes, 10)},
-			"narwhal_body_too_large")
-		return false
-	}
-	req, perr := ParseRequest(body, st.chat, st.s.parse)
+	req, perr := ParseRequest(body, st.req.chat, st.s.parse)
 	if perr != nil {
 		st.s.placer.Invalid()
-		st.reject(rejection{status: perr.Status, code: perr.Code, message: perr.Message}, "narwhal_invalid_request")
+		details := "narwhal_invalid_request"
+		if perr.Code == CodeBodyTooLarge {
+			details = "narwhal_body_too_large"
+		}
+		st.reject(rejection{status: perr.Status, code: perr.Code, message: perr.Message}, details)
 		return false
 	}
-	st.req = req
+	st.req.parsed = req
 	return true
 }
 
 // place offers the parsed request to the router and answers with its outcome.
 func (st *stream) place() {
-	req := &st.req
+	req := &st.req.parsed
 	waitStart := st.s.now()
 	out, err := st.s.placer.Offer(st.ctx, router.Offer{
-		ID: st.id, PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, NonStreaming: !req.Stream, Prefix: st.req.PrefixHashes(),
+		ID: st.req.id, PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, NonStreaming: !req.Stream, Prefix: req.PrefixHashes(),
 	})
 	if out.Status != router.Dispatched || err != nil {
-		st.waited = st.s.now().Sub(waitStart)
+		st.x.waited = st.s.now().Sub(waitStart)
 	}
 	switch {
 	case err != nil: // the client went away while waiting; Offer released it
-		st.phase, st.closed = phaseDone, true
+		st.to(phaseAnswered)
 	case out.Status == router.Rejected:
 		st.reject(rejection{status: out.Code.Status(), code: out.Code.String(), message: rejectMessage(out), retryAfter: out.RetryAfterS},
 			"narwhal_"+out.Code.String())
 	default:
-		st.placed, st.handle, st.projTTFT = true, out.Handle, out.Placement.ProjectedTTFT
-		st.s.metrics.observeWait(st.waited)
+		st.pl = placement{handle: out.Handle, projTTFT: out.Placement.ProjectedTTFT}
+		st.s.metrics.observeWait(st.x.waited)
 		st.answerPlacement(out.Placement)
 	}
 }
@@ -377,17 +402,17 @@ func (st *stream) answerPlacement(p router.Placement) {
 	set = append(set,
 		c.header(wire.HeaderDestination, dest),
 		c.header(wire.HeaderPlacement, p.Kind.String()),
-		setHeader(wire.HeaderRequestID, st.id),
+		setHeader(wire.HeaderRequestID, st.req.id),
 	)
 	mut := &extprocv3.HeaderMutation{SetHeaders: set}
-	if st.strip != nil { // client-supplied headers that this placement does not overwrite
-		mut.RemoveHeaders = removeExcept(st.strip.RemoveHeaders, set)
+	if st.req.strip != nil { // client-supplied headers that this placement does not overwrite
+		mut.RemoveHeaders = removeExcept(st.req.strip.RemoveHeaders, set)
 	}
-	st.phase = phaseResponse
-	st.reply(placementReply(mut, c.lbMetadata(dest), st.fullDuplex))
-	if st.fullDuplex { // Envoy forwards only the body Narwhal sends back
-		st.reply(echoRequestBody(st.body, true))
-		st.body = nil
+	st.to(phasePlaced)
+	st.reply(placementReply(mut, c.lbMetadata(dest), st.x.fullDuplex))
+	if st.x.fullDuplex { // Envoy forwards only the body Narwhal sends back
+		st.reply(echoRequestBody(st.req.body, true))
+		st.req.body = nil
 	}
 }
 
@@ -408,7 +433,7 @@ next:
 // responseHeaders learns the response's status and kind. A response that is not a success or
 // not an event stream is settled now and its body skipped (mode_override) where Envoy allows.
 func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) {
-	if !st.placed || st.phase != phaseResponse {
+	if st.phase != phasePlaced {
 		st.reply(continueResponseHeaders(false))
 		return
 	}
@@ -421,21 +446,21 @@ func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) {
 			ctype = headerValue(hv)
 		}
 	}
-	skip := !st.respDuplex // mode_override is refused in full duplex
+	skip := !st.x.respDuplex // mode_override is refused in full duplex
 	switch {
 	case code != "200":
 		why := router.FailRequest
 		if len(code) == 3 && code[0] == '5' { // the engine failed it (or Envoy answered its reset)
 			why = router.FailUpstream
 		}
-		st.settle(func() error { return st.s.placer.Fail(st.handle, why) })
+		st.settle("fail", st.s.placer.Fail(st.pl.handle, why))
 		st.reply(continueResponseHeaders(skip))
 	case !strings.HasPrefix(ctype, "text/event-stream") || h.GetEndOfStream():
 		// A whole response at once: the engine has finished.
-		st.settle(func() error { return st.s.placer.Complete(st.handle, 0) })
+		st.settle("complete", st.s.placer.Complete(st.pl.handle, 0))
 		st.reply(continueResponseHeaders(skip))
 	default:
-		st.phase = phaseStreaming
+		st.to(phaseStreaming)
 		st.reply(continueResponseHeaders(false))
 	}
 }
@@ -443,47 +468,48 @@ func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) {
 // responseBody observes a streamed response chunk: the first token, then the end with usage.
 func (st *stream) responseBody(b *extprocv3.HttpBody) {
 	if st.phase == phaseStreaming {
-		st.obs.Write(b.GetBody())
-		if st.firstAt.IsZero() && st.obs.FirstToken() {
-			st.firstAt = st.s.now()
-			_ = st.s.placer.FirstToken(st.handle)
-			st.s.metrics.observeTTFT(st.projTTFT, st.firstAt.Sub(st.arrival).Seconds())
+		r := &st.resp
+		r.obs.Write(b.GetBody())
+		if r.firstAt.IsZero() && r.obs.FirstToken() {
+			r.firstAt = st.s.now()
+			st.s.routerErr(st.req.id, "first_token", st.s.placer.FirstToken(st.pl.handle))
+			st.s.metrics.observeTTFT(st.pl.projTTFT, r.firstAt.Sub(st.req.arrival).Seconds())
 		}
 		if b.GetEndOfStream() {
 			st.finish()
 		}
 	}
-	st.reply(continueResponseBody(b.GetBody(), b.GetEndOfStream(), st.respDuplex))
+	st.reply(continueResponseBody(b.GetBody(), b.GetEndOfStream(), st.x.respDuplex))
 }
 
 // finish settles a streamed response that reached its end.
 func (st *stream) finish() {
-	prompt, completion, ok := st.obs.Usage()
+	r := &st.resp
+	prompt, completion, ok := r.obs.Usage()
 	if !ok {
-		completion = st.obs.Events()
+		completion = r.obs.Events()
 	} else if st.s.sizer != nil && prompt > 0 {
-		st.s.sizer.ObserveRequest(&st.req, prompt)
+		st.s.sizer.ObserveRequest(&st.req.parsed, prompt)
 	}
-	if !st.firstAt.IsZero() && completion > 1 {
-		st.s.metrics.observeTPOT(st.s.now().Sub(st.firstAt).Seconds() / float64(completion-1))
+	if !r.firstAt.IsZero() && completion > 1 {
+		st.s.metrics.observeTPOT(st.s.now().Sub(r.firstAt).Seconds() / float64(completion-1))
 	}
-	st.settle(func() error { return st.s.placer.Complete(st.handle, completion) })
+	st.settle("complete", st.s.placer.Complete(st.pl.handle, completion))
 }
 
-// settle reports the request's end to the router once.
-func (st *stream) settle(fn func() error) {
-	st.phase = phaseDone
-	st.placed = false
-	_ = fn()
+// settle marks the request's end reported to the router (the call that reported it, op,
+// returned err).
+func (st *stream) settle(op string, err error) {
+	st.to(phaseSettled)
+	st.s.routerErr(st.req.id, op, err)
 }
 
 // close releases a placed request whose exchange ended before its response did: Envoy closed the
 // stream because the client or the upstream reset it; ext_proc cannot tell which, so it counts
 // as cancelled in flight.
 func (st *stream) close() {
-	if st.placed {
-		_ = st.s.placer.Cancel(st.handle)
-		st.placed = false
+	if st.phase.holds() {
+		st.settle("cancel", st.s.placer.Cancel(st.pl.handle))
 	}
 }
 
