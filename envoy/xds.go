@@ -49,7 +49,6 @@ type Server struct {
 	xds      serverv3.Server
 	cb       *callbacks
 	metrics  *xdsMetrics
-	stop     context.CancelFunc // ends the open streams (when Run returns)
 
 	mu      sync.Mutex // serializes publish
 	enc     *encoder
@@ -77,9 +76,10 @@ type Stats struct {
 }
 
 // NewServer builds the xDS server of prefix (config xds.cluster_prefix) and publishes the
-// fleet's current state. Metrics (narwhal_xds_clients, narwhal_xds_pushes_total{type},
+// fleet's current state. Its ADS streams live until ctx ends (then every open stream ends, so
+// that the gRPC server can stop). Metrics (narwhal_xds_clients, narwhal_xds_pushes_total{type},
 // narwhal_xds_nacks_total{type}, narwhal_xds_version) are registered with reg unless it is nil.
-func NewServer(prefix string, f *fleet.Fleet, log *slog.Logger, reg prometheus.Registerer) *Server {
+func NewServer(ctx context.Context, prefix string, f *fleet.Fleet, log *slog.Logger, reg prometheus.Registerer) *Server {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -101,8 +101,6 @@ func NewServer(prefix string, f *fleet.Fleet, log *slog.Logger, reg prometheus.R
 	s.mux.Classify = func(r *cache.Request) string { return s.classify(r.GetTypeUrl()) }
 	s.mux.ClassifyDelta = func(r *cache.DeltaRequest) string { return s.classify(r.GetTypeUrl()) }
 	s.cb = newCallbacks(log, s.metrics, s.classify)
-	ctx, stop := context.WithCancel(context.Background())
-	s.stop = stop
 	s.xds = serverv3.NewServer(ctx, s.mux, s.cb, sotw.WithLogger(cpLog))
 
 	// The clusters depend on the prefix alone: one CDS version for the server's life.
@@ -143,10 +141,8 @@ func (s *Server) Register(g grpc.ServiceRegistrar) {
 }
 
 // Run follows the fleet, publishing a new EDS version after every change that changes an
-// assignment, until ctx ends; then it ends every open stream (so that the gRPC server can stop)
-// and returns ctx's error.
+// assignment, until ctx ends; it returns ctx's error.
 func (s *Server) Run(ctx context.Context) error {
-	defer s.stop()
 	ch, cancel := s.fleet.Subscribe()
 	defer cancel()
 	for {

@@ -62,7 +62,8 @@ func startServer(t testing.TB, f *fleet.Fleet, setup ...func(*Server)) *testServ
 	t.Helper()
 	ts := &testServer{reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
 	log := slog.New(slog.NewTextHandler(ts.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	ts.Server = NewServer("narwhal", f, log, ts.reg)
+	ctx, cancel := context.WithCancel(context.Background())
+	ts.Server = NewServer(ctx, "narwhal", f, log, ts.reg)
 	for _, fn := range setup {
 		fn(ts.Server)
 	}
@@ -73,7 +74,6 @@ func startServer(t testing.TB, f *fleet.Fleet, setup ...func(*Server)) *testServ
 	ts.addr = lis.Addr().String()
 	g := grpc.NewServer(ServerOptions()...)
 	ts.Register(g)
-	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = g.Serve(lis) })
 	wg.Go(func() { _ = ts.Run(ctx) })
@@ -812,11 +812,13 @@ func TestUnservedType(t *testing.T) {
 	}
 }
 
-// TestRunEndsStreams: when Run returns, the open ADS streams end, so that GracefulStop of the
-// gRPC server returns at once instead of waiting for every proxy to hang up.
-func TestRunEndsStreams(t *testing.T) {
+// TestContextEndsStreams: when the server's context ends, Run returns and the open ADS streams
+// end, so that GracefulStop of the gRPC server returns at once instead of waiting for every
+// proxy to hang up.
+func TestContextEndsStreams(t *testing.T) {
 	f := testFleet(t)
-	s := NewServer("narwhal", f, nil, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	s := NewServer(ctx, "narwhal", f, nil, nil)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -825,7 +827,6 @@ func TestRunEndsStreams(t *testing.T) {
 	s.Register(g)
 	served := make(chan struct{})
 	go func() { _ = g.Serve(lis); close(served) }()
-	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- s.Run(ctx) }()
 

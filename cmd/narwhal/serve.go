@@ -104,7 +104,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		Fleet: f, Router: live, Logger: log, Observer: admin.NewControllerMetrics(reg), Log: dlog,
 	})
 	admin.RegisterRouter(reg, live)
-	xds := envoy.NewServer(cfg.XDS.ClusterPrefix, f, log, reg)
+	runCtx, cancel := context.WithCancel(ctx) // the servers' and loops' life; ended after the drain
+	defer cancel()
+	xds := envoy.NewServer(runCtx, cfg.XDS.ClusterPrefix, f, log, reg)
 	xdsSrv := grpc.NewServer(envoy.ServerOptions()...)
 	xds.Register(xdsSrv)
 	adm := admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log,
@@ -124,8 +126,6 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	monitor := controller.NewMonitor(cfg.Health, f, prober, controller.RealClock{}, metrics, log)
 	resolveAll(ctx, f, cfg.Health, log) // placements carry IP:port from the first request on
 
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
 	errc := make(chan error, 1)
 	wg.Go(func() {
