@@ -12,26 +12,14 @@ import (
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/internal/logbuf"
 	"github.com/narwhal-llm/narwhal/router"
 )
 
-// syncBuffer is a bytes.Buffer safe for the log's writer and the test's reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) lines(t *testing.T) []map[string]any {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// jsonLines decodes every line the log wrote.
+func jsonLines(t *testing.T, b *logbuf.Buffer) []map[string]any {
 	var out []map[string]any
-	sc := bufio.NewScanner(bytes.NewReader(s.b.Bytes()))
+	sc := bufio.NewScanner(bytes.NewReader(b.Bytes()))
 	for sc.Scan() {
 		var m map[string]any
 		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
@@ -64,7 +52,7 @@ func TestLiveUrgentMove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var buf syncBuffer
+	var buf logbuf.Buffer
 	dlog := NewLog(&buf, start, cfg, f.Snapshot())
 	f.OnChange(dlog.Fleet)
 	var roles *Live
@@ -126,7 +114,7 @@ func TestLiveUrgentMove(t *testing.T) {
 	if r := roles.Recent(); r[len(r)-1].Seq != seq {
 		t.Fatalf("recent %+v", r)
 	}
-	lines := buf.lines(t)
+	lines := jsonLines(t, &buf)
 	if len(lines) < 4 || lines[0]["kind"] != "config" || lines[1]["event"] != "snapshot" {
 		t.Fatalf("log starts %v", lines)
 	}

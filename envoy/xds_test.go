@@ -1,7 +1,6 @@
 package envoy
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -27,40 +26,23 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/internal/logbuf"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// syncBuffer is a log sink safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 type testServer struct {
 	*Server
 	addr string
 	reg  *prometheus.Registry
-	logs *syncBuffer
+	logs *logbuf.Buffer
 }
 
 // startServer serves f's xDS on 127.0.0.1:0 and follows the fleet until the test ends. setup
 // runs before the server listens (tests add test-only resource types there).
 func startServer(t testing.TB, f *fleet.Fleet, setup ...func(*Server)) *testServer {
 	t.Helper()
-	ts := &testServer{reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
+	ts := &testServer{reg: prometheus.NewRegistry(), logs: &logbuf.Buffer{}}
 	log := slog.New(slog.NewTextHandler(ts.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, cancel := context.WithCancel(context.Background())
 	ts.Server = NewServer(ctx, "narwhal", f, log, ts.reg)

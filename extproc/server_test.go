@@ -22,6 +22,7 @@ import (
 	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/internal/logbuf"
 	"github.com/narwhal-llm/narwhal/router"
 	"github.com/narwhal-llm/narwhal/wire"
 )
@@ -539,28 +540,10 @@ func (p refusing) Complete(h router.Handle, n int) error {
 	return errors.New("router: unknown request")
 }
 
-// lockedBuffer is a log sink safe for the server's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // A response event the router refuses is not dropped: the data path logs it with the request id
 // and counts it, and the client's exchange goes on untouched. Before, the error was discarded.
 func TestRouterErrorsAreLoggedAndCounted(t *testing.T) {
-	var logs lockedBuffer
+	var logs logbuf.Buffer
 	reg := prometheus.NewRegistry()
 	fx := newFixtureWith(t, relaxed(envoytest.Mode{}), nil, func(o *extproc.Options) {
 		o.Placer = refusing{o.Placer.(*router.Live)}

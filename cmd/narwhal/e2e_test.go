@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/internal/logbuf"
 )
 
 var narwhalBin string
@@ -52,20 +53,20 @@ const anyPort = "127.0.0.1:0"
 // serving waits for narwhal serve's start line and returns the addresses it listens on.
 func (p *proc) serving(t testing.TB) (admin, extproc, xds string) {
 	t.Helper()
-	a := p.out.logged(t, "narwhal serving", "admin", "extproc", "xds")
+	a := logged(t, p.out, "narwhal serving", "admin", "extproc", "xds")
 	return a[0], a[1], a[2]
 }
 
 // proc is a started narwhal process whose output is kept for failure messages.
 type proc struct {
 	cmd *exec.Cmd
-	out *syncBuffer
+	out *logbuf.Buffer
 }
 
 func start(t testing.TB, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(narwhalBin, args...)
-	out := &syncBuffer{}
+	out := &logbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -202,7 +203,7 @@ func lifecycleOf(st stateView, id string) string {
 func startEngine(t testing.TB, role string) (*proc, string) {
 	t.Helper()
 	p := startEngineAt(t, anyPort, role)
-	return p, p.out.logged(t, "enginesim serving", "addr")[0]
+	return p, logged(t, p.out, "enginesim serving", "addr")[0]
 }
 
 // startEngineAt starts an enginesim process on addr (an engine restarting where it was) and
@@ -210,7 +211,7 @@ func startEngine(t testing.TB, role string) (*proc, string) {
 func startEngineAt(t testing.TB, addr, role string) *proc {
 	t.Helper()
 	p := start(t, "enginesim", "--listen", addr, "--role", role)
-	got := p.out.logged(t, "enginesim serving", "addr")[0]
+	got := logged(t, p.out, "enginesim serving", "addr")[0]
 	resp, err := http.Get("http://" + got + "/health") // it listens before it logs
 	if err != nil {
 		t.Fatalf("enginesim on %s: %v", got, err)
@@ -377,7 +378,7 @@ func TestRunScriptMatchesDefault(t *testing.T) {
 // prefill, 2 decode), and an interrupt stops every process.
 func TestRunScript(t *testing.T) {
 	cmd := exec.Command("../../scripts/run-local.sh", narwhalBin)
-	out := &syncBuffer{}
+	out := &logbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
