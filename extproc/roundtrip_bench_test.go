@@ -57,7 +57,7 @@ func startNarwhal(b *testing.B) string {
 }
 
 // BenchmarkRoundTrip measures one ext_proc exchange as Envoy drives it (request headers, then
-// a 2 KiB BUFFERED chat body, each waiting for its reply; then the stream closes) against
+// a 2 KiB chat body, BUFFERED or FULL_DUPLEX_STREAMED, each waiting for its reply; then the stream closes) against
 // Narwhal (parse, size, place; the close releases the placement) and against a null server
 // that answers every message with an empty reply, in the same run, at concurrency 1 and 64
 // over one shared HTTP/2 connection. p50/p99 are per exchange.
@@ -67,7 +67,13 @@ func BenchmarkRoundTrip(b *testing.B) {
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	hdrs := envoytest.NewRequestHeaders(http.MethodPost, "/v1/chat/completions", "gateway.test", h)
-	mode := envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, MessageTimeout: 10 * time.Second, ReceivingNamespaces: []string{"envoy.lb"}}
+	modes := []struct {
+		name string
+		mode envoytest.Mode
+	}{
+		{"buffered", envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, MessageTimeout: 10 * time.Second, ReceivingNamespaces: []string{"envoy.lb"}}},
+		{"duplex", envoytest.Mode{RequestBody: envoytest.FullDuplex, ResponseBody: envoytest.FullDuplex, MessageTimeout: 10 * time.Second, ReceivingNamespaces: []string{"envoy.lb"}}},
+	}
 
 	servers := []struct {
 		name  string
@@ -81,48 +87,50 @@ func BenchmarkRoundTrip(b *testing.B) {
 			}
 		}},
 	}
-	for _, srv := range servers {
+	for _, m := range modes {
 		for _, conc := range []int{1, 64} {
-			b.Run(fmt.Sprintf("%s/conc=%d", srv.name, conc), func(b *testing.B) {
-				c := envoytest.NewTestClient(b, srv.start(b), mode)
-				trip := func() time.Duration {
-					start := time.Now()
-					x := c.NewExchange(context.Background())
-					res, err := x.ProcessRequest(envoytest.Request{Headers: hdrs, Body: bytes.NewReader(body)})
-					x.Close()
-					if err != nil || res.LocalReply != nil {
-						b.Fatalf("round trip: %v %+v", err, res)
-					}
-					srv.check(b, res)
-					return time.Since(start)
-				}
-				var mu sync.Mutex
-				var lat []time.Duration
-				b.ReportAllocs()
-				b.ResetTimer()
-				if conc == 1 {
-					for i := 0; i < b.N; i++ {
-						lat = append(lat, trip())
-					}
-				} else {
-					b.SetParallelism((conc + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
-					b.RunParallel(func(pb *testing.PB) {
-						var mine []time.Duration
-						for pb.Next() {
-							mine = append(mine, trip())
+			for _, srv := range servers { // the two servers back to back: the same machine state
+				b.Run(fmt.Sprintf("%s/conc=%d/%s", m.name, conc, srv.name), func(b *testing.B) {
+					c := envoytest.NewTestClient(b, srv.start(b), m.mode)
+					trip := func() time.Duration {
+						start := time.Now()
+						x := c.NewExchange(context.Background())
+						res, err := x.ProcessRequest(envoytest.Request{Headers: hdrs, Body: bytes.NewReader(body)})
+						x.Close()
+						if err != nil || res.LocalReply != nil {
+							b.Fatalf("round trip: %v %+v", err, res)
 						}
-						mu.Lock()
-						lat = append(lat, mine...)
-						mu.Unlock()
-					})
-				}
-				b.StopTimer()
-				slices.Sort(lat)
-				q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) }
-				b.ReportMetric(q(0.50), "p50-µs")
-				b.ReportMetric(q(0.99), "p99-µs")
-				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
-			})
+						srv.check(b, res)
+						return time.Since(start)
+					}
+					var mu sync.Mutex
+					var lat []time.Duration
+					b.ReportAllocs()
+					b.ResetTimer()
+					if conc == 1 {
+						for i := 0; i < b.N; i++ {
+							lat = append(lat, trip())
+						}
+					} else {
+						b.SetParallelism((conc + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+						b.RunParallel(func(pb *testing.PB) {
+							var mine []time.Duration
+							for pb.Next() {
+								mine = append(mine, trip())
+							}
+							mu.Lock()
+							lat = append(lat, mine...)
+							mu.Unlock()
+						})
+					}
+					b.StopTimer()
+					slices.Sort(lat)
+					q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) }
+					b.ReportMetric(q(0.50), "p50-µs")
+					b.ReportMetric(q(0.99), "p99-µs")
+					b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+				})
+			}
 		}
 	}
 }
