@@ -514,108 +514,69 @@ func protojsonProblem(err error, js []byte, lines map[string]int) problem.Proble
 }
 
 // jsonPathAt returns the path of the member whose key or value starts at byte offset off of a
-// JSON document, or else of the innermost value containing it.
+// JSON document, or else of the innermost value containing it. It walks encoding/json's tokens
+// (the document is valid JSON: converted from YAML), each with its offsets.
 func jsonPathAt(js []byte, off int) string {
-	s := &jsonScanner{b: js, target: off, span: len(js) + 1}
-	s.value("")
-	return s.best
-}
-
-type jsonScanner struct {
-	b      []byte
-	i      int
-	target int
-	best   string
-	exact  bool // best starts at target
-	span   int  // length of best's value when not exact
-}
-
-func (s *jsonScanner) ws() {
-	for s.i < len(s.b) && strings.IndexByte(" \t\r\n", s.b[s.i]) >= 0 {
-		s.i++
+	type frame struct {
+		path    string
+		obj     bool
+		wantKey bool   // objects: the next token is a key (or the end)
+		member  string // objects: the path of the member whose value comes next
+		n       int    // arrays: the next element's index
+		start   int
 	}
-}
-
-func (s *jsonScanner) hit(path string, start int) {
-	if start == s.target && !s.exact {
-		s.best, s.exact = path, true
+	var stack []frame
+	best, exact, span := "", false, len(js)+1
+	hit := func(path string, start int) {
+		if start == off && !exact {
+			best, exact = path, true
+		}
 	}
-}
-
-func (s *jsonScanner) value(path string) {
-	s.ws()
-	start := s.i
-	s.hit(path, start)
-	if s.i >= len(s.b) {
-		return
+	contains := func(path string, start, end int) {
+		if !exact && start <= off && off < end && end-start < span {
+			best, span = path, end-start
+		}
 	}
-	switch s.b[s.i] {
-	case '{':
-		s.i++
-		for {
-			s.ws()
-			if s.i >= len(s.b) || s.b[s.i] == '}' {
-				s.i++
-				break
-			}
-			if s.b[s.i] == ',' {
-				s.i++
+	dec := json.NewDecoder(bytes.NewReader(js))
+	for prev := 0; ; {
+		tok, err := dec.Token()
+		if err != nil {
+			return best
+		}
+		end := int(dec.InputOffset())
+		start := prev
+		for start < end && strings.IndexByte(" \t\r\n,:", js[start]) >= 0 {
+			start++
+		}
+		prev = end
+		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
+			f := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			contains(f.path, f.start, end)
+			continue
+		}
+		path := ""
+		if n := len(stack); n > 0 {
+			top := &stack[n-1]
+			switch {
+			case top.obj && top.wantKey:
+				top.member, top.wantKey = problem.Key(top.path, tok.(string)), false
+				hit(top.member, start)
 				continue
+			case top.obj:
+				path, top.wantKey = top.member, true
+			default:
+				path = problem.Index(top.path, top.n)
+				top.n++
 			}
-			keyStart := s.i
-			key := s.str()
-			child := problem.Key(path, key)
-			s.hit(child, keyStart)
-			s.ws()
-			if s.i < len(s.b) && s.b[s.i] == ':' {
-				s.i++
-			}
-			s.value(child)
 		}
-	case '[':
-		s.i++
-		for n := 0; ; {
-			s.ws()
-			if s.i >= len(s.b) || s.b[s.i] == ']' {
-				s.i++
-				break
-			}
-			if s.b[s.i] == ',' {
-				s.i++
-				continue
-			}
-			s.value(problem.Index(path, n))
-			n++
+		hit(path, start)
+		if d, ok := tok.(json.Delim); ok {
+			stack = append(stack, frame{path: path, obj: d == '{', wantKey: d == '{', start: start})
+			continue
 		}
-	case '"':
-		s.str()
-	default:
-		for s.i < len(s.b) && strings.IndexByte(",]} \t\r\n", s.b[s.i]) < 0 {
-			s.i++
-		}
+		contains(path, start, end)
 	}
-	if !s.exact && start <= s.target && s.target < s.i && s.i-start < s.span {
-		s.best, s.span = path, s.i-start
-	}
-}
-
-func (s *jsonScanner) str() string {
-	start := s.i
-	if s.i < len(s.b) && s.b[s.i] == '"' {
-		s.i++
-	}
-	for s.i < len(s.b) && s.b[s.i] != '"' {
-		if s.b[s.i] == '\\' {
-			s.i++
-		}
-		s.i++
-	}
-	s.i++
-	var k string
-	if err := json.Unmarshal(s.b[start:min(s.i, len(s.b))], &k); err != nil {
-		return string(s.b[start:min(s.i, len(s.b))])
-	}
-	return k
 }
 
 // ---------------------------------------------------------------------------------------------
