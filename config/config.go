@@ -28,9 +28,24 @@ type Config struct {
 	Health         Health             `yaml:"health" json:"health"`
 	XDS            XDS                `yaml:"xds" json:"xds"`
 	ShutdownGraceS float64            `yaml:"shutdown_grace_s" json:"shutdown_grace_s"`
+	State          State              `yaml:"state" json:"state"`
 	Sim            Sim                `yaml:"sim" json:"sim"`
 	Profiles       map[string]Profile `yaml:"profiles" json:"profiles"`
 	Engines        []Engine           `yaml:"engines" json:"engines"`
+}
+
+// State configures the durable state of a single instance (docs/durable-state.md).
+type State struct {
+	// Dir holds the state file; "" is ./narwhal-state (relative to the working directory).
+	Dir string `yaml:"dir" json:"dir"`
+}
+
+// StateDir is the directory of the state file.
+func (s State) StateDir() string {
+	if s.Dir == "" {
+		return "narwhal-state"
+	}
+	return s.Dir
 }
 
 // Listen holds the addresses Narwhal's servers bind to.

@@ -57,6 +57,7 @@ type Controller struct {
 type window struct {
 	openedAt float64
 	base     uint64 // admitted offers when it opened
+	carried  uint64 // arrivals counted before a restart (Restore)
 	arrivals uint64
 	closed   bool
 }
@@ -196,7 +197,7 @@ func (c *Controller) observeWindow(t float64, s *state) {
 			c.restartWindow(ts, s.snap.Counters.Admitted)
 		}
 	}
-	c.win.arrivals = s.snap.Counters.Admitted - c.win.base
+	c.win.arrivals = c.win.carried + s.snap.Counters.Admitted - c.win.base
 	r := c.cfg.Reactive
 	open := t - c.win.openedAt
 	if !c.win.closed && (open >= r.EvidenceSpanS && c.win.arrivals >= uint64(r.EvidenceMinArrivals) || open >= r.EvidenceMaxSpanS) {
@@ -207,6 +208,44 @@ func (c *Controller) observeWindow(t float64, s *state) {
 // restartWindow opens the window again at t, counting arrivals from admitted offers on.
 func (c *Controller) restartWindow(t float64, admitted uint64) {
 	c.win = window{openedAt: t, base: admitted}
+}
+
+// Durable is the controller state a restart must not lose (docs/durable-state.md): the
+// decision sequence, the last move toward decode (cooldown), the confirmation counters and the
+// arrival-evidence window. Times are wall-clock, so that a later run reads them against its own
+// start.
+type Durable struct {
+	Seq           uint64     `json:"seq"`
+	LastToDecode  *time.Time `json:"last_to_decode,omitempty"` // nil: none yet
+	Confirmations Confirmed  `json:"confirmations"`
+	Window        struct {
+		OpenedAt time.Time `json:"opened_at"`
+		Arrivals uint64    `json:"arrivals"`
+		Closed   bool      `json:"closed"`
+	} `json:"evidence_window"`
+}
+
+// Durable returns the state to save.
+func (c *Controller) Durable() Durable {
+	d := Durable{Seq: c.seq, Confirmations: c.conf}
+	if !math.IsInf(c.lastToDecode, -1) {
+		t := config.TimeAt(c.epoch, c.lastToDecode)
+		d.LastToDecode = &t
+	}
+	d.Window.OpenedAt = config.TimeAt(c.epoch, c.win.openedAt)
+	d.Window.Arrivals, d.Window.Closed = c.win.arrivals, c.win.closed
+	return d
+}
+
+// Restore continues from a saved state, before the first evaluation: the next decision has
+// sequence number d.Seq+1, cooldown counts from the saved move, and the evidence window keeps
+// its opening time (before this start) and its arrivals.
+func (c *Controller) Restore(d Durable) {
+	c.seq, c.conf = d.Seq, d.Confirmations
+	if d.LastToDecode != nil {
+		c.lastToDecode = c.since(*d.LastToDecode)
+	}
+	c.win = window{openedAt: c.since(d.Window.OpenedAt), carried: d.Window.Arrivals, arrivals: d.Window.Arrivals, closed: d.Window.Closed}
 }
 
 func (c *Controller) windowState() WindowState {
@@ -434,15 +473,15 @@ func (c *Controller) adjacent(s *state, dir string) (candidate, bool) {
 func (c *Controller) since(t time.Time) float64 { return t.Sub(c.epoch).Seconds() }
 
 // dwelt is the dwell rule: an engine whose role changed less than dwell_s ago keeps it; one
-// that has kept its role since the start never moved, so dwell does not hold it.
+// that has kept its role since the start never moved, so dwell does not hold it. A move
+// restored from an earlier run (fleet.Engine.Moved) counts from its time, before this start.
 func (c *Controller) dwelt(t float64, e fleet.Engine) bool {
-	since := c.since(e.RoleSince)
-	return since <= 0 || t-since >= c.cfg.Thresholds.DwellS
+	return !e.Moved || t-c.since(e.RoleSince) >= c.cfg.Thresholds.DwellS
 }
 
 func (c *Controller) dwellGate(t float64, e fleet.Engine) Gate {
 	g := Gate{Name: GateDwell, Passed: c.dwelt(t, e)}
-	if since := c.since(e.RoleSince); since <= 0 {
+	if since := c.since(e.RoleSince); !e.Moved {
 		g.Detail = e.ID + " has kept its role since the start"
 	} else {
 		g.Detail = fmt.Sprintf("%s role_since %.1fs, dwell %gs", e.ID, since, c.cfg.Thresholds.DwellS)

@@ -106,6 +106,13 @@ func (l *Live) Recent() []Decision {
 	return append([]Decision(nil), l.recent...)
 }
 
+// Durable returns the controller's durable state (Controller.Durable) between evaluations.
+func (l *Live) Durable() Durable {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.c.Durable()
+}
+
 // Window returns the arrival-evidence window as the last evaluation saw it.
 func (l *Live) Window() WindowState {
 	l.mu.Lock()

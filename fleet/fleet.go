@@ -204,9 +204,37 @@ func (f *Fleet) SetRole(id string, to Role, now time.Time, cause string) (Engine
 			return nil, fmt.Errorf("%w: engine %s is pinned to %s", ErrTransition, e.ID, e.Role)
 		}
 		ev := Event{Time: now, Kind: EventRole, Engine: e.ID, From: e.Role.String(), To: to.String(), Cause: cause}
-		e.Role, e.RoleSince = to, now
+		e.Role, e.RoleSince, e.Moved = to, now, true
 		return []Event{ev}, nil
 	})
+}
+
+// Restore puts back the durable state of a previous run (docs/durable-state.md): for each
+// engine of saved that the fleet has, its role, role-since time and whether it ever moved, its
+// lifecycle and lifecycle-since time, its operator hold, and its pin (a pin the config sets
+// holds whatever was saved). Addresses and profiles stay as configured. It returns the ids of
+// saved that the fleet does not have (engines removed from the config since), and produces
+// one new version, with no events: nothing changed in the world, the fleet remembers.
+// Call it before anything reads the fleet.
+func (f *Fleet) Restore(saved []Engine) (unknown []string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, s := range saved {
+		i, ok := f.index[s.ID]
+		if !ok {
+			unknown = append(unknown, s.ID)
+			continue
+		}
+		if (s.Role != Prefill && s.Role != Decode) || s.Lifecycle < Active || s.Lifecycle > Failed {
+			return nil, fmt.Errorf("%w: engine %s: saved role %v, lifecycle %v", ErrTransition, s.ID, s.Role, s.Lifecycle)
+		}
+		e := &f.engines[i]
+		e.Role, e.RoleSince, e.Moved = s.Role, s.RoleSince, s.Moved
+		e.Lifecycle, e.LifecycleSince, e.Held = s.Lifecycle, s.LifecycleSince, s.Held
+		e.Pinned = e.Pinned || s.Pinned
+	}
+	f.version++
+	return unknown, nil
 }
 
 // SetAddr records the resolved IP:port of an engine. The same address changes nothing.

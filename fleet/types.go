@@ -70,6 +70,16 @@ func (l Lifecycle) MarshalText() ([]byte, error) { return []byte(l.String()), ni
 // Lifecycles lists every lifecycle in a fixed order (metrics, reports).
 var Lifecycles = [...]Lifecycle{Active, Draining, Recovering, Failed}
 
+// ParseLifecycle reads a lifecycle's name.
+func ParseLifecycle(s string) (Lifecycle, error) {
+	for _, l := range Lifecycles {
+		if l.String() == s {
+			return l, nil
+		}
+	}
+	return 0, fmt.Errorf("fleet: unknown lifecycle %q (want active, draining, recovering or failed)", s)
+}
+
 // Roles lists every role in a fixed order.
 var Roles = [...]Role{Prefill, Decode}
 
@@ -112,6 +122,9 @@ type Engine struct {
 	Held bool
 	// RoleSince is when the role last changed (the start time for engines never moved).
 	RoleSince time.Time
+	// Moved reports that the role has changed at least once (in this run or, restored, in an
+	// earlier one): RoleSince is then that change, and dwell counts from it.
+	Moved bool
 	// LifecycleSince is when the lifecycle last changed.
 	LifecycleSince time.Time
 }

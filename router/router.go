@@ -1074,6 +1074,25 @@ func (r *Router) updateFallback(t float64) {
 	}
 }
 
+// RestoreCorrections puts back each engine's online profile correction from an earlier run
+// (factors clamped to their bounds, sample counts as saved), by engine id; ids the router does
+// not know are ignored. Call it before placing anything.
+func (r *Router) RestoreCorrections(saved map[string]Correction) {
+	for id, c := range saved {
+		i, ok := r.byID[id]
+		if !ok {
+			continue
+		}
+		e := &r.engines[i]
+		for ph, f := range [2]float64{c.Prefill, c.Decode} {
+			if !math.IsNaN(f) && f > 0 {
+				e.corr[ph] = min(max(f, minCorrection), maxCorrection)
+			}
+		}
+		e.samples = [2]int{max(c.PrefillSamples, 0), max(c.DecodeSamples, 0)}
+	}
+}
+
 // Snapshot reports the router's counters, retained demand, demand estimates and engine loads.
 func (r *Router) Snapshot(now time.Time) Snapshot {
 	t := r.at(now)

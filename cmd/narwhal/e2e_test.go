@@ -101,9 +101,15 @@ func (p *proc) stop(t testing.TB) (int, time.Duration) {
 	return p.cmd.ProcessState.ExitCode(), time.Since(begin)
 }
 
+// writeConfig writes a file for one test; a Narwhal config (it has engines) without a state section gets a state
+// directory of its own (the test's), so that no test restores another's roles.
 func writeConfig(t testing.TB, yaml string) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "narwhal.yaml")
+	dir := t.TempDir()
+	if strings.Contains(yaml, "engines:") && !strings.Contains(yaml, "\nstate:") && !strings.HasPrefix(yaml, "state:") {
+		yaml += fmt.Sprintf("state: {dir: %q}\n", filepath.Join(dir, "state"))
+	}
+	path := filepath.Join(dir, "narwhal.yaml")
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -131,6 +137,8 @@ type engineView struct {
 	Address   string `json:"address"`
 	Role      string `json:"role"`
 	Lifecycle string `json:"lifecycle"`
+	Pinned    bool   `json:"pinned"`
+	Drained   bool   `json:"drained"`
 }
 
 type stateView struct {
@@ -377,7 +385,12 @@ func TestRunScriptMatchesDefault(t *testing.T) {
 // the embedded default on their fixed ports, /narwhal/state shows four active engines (2
 // prefill, 2 decode), and an interrupt stops every process.
 func TestRunScript(t *testing.T) {
-	cmd := exec.Command("../../scripts/run-local.sh", narwhalBin)
+	script, err := filepath.Abs("../../scripts/run-local.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(script, narwhalBin)
+	cmd.Dir = t.TempDir() // the embedded default keeps its state in ./narwhal-state
 	out := &logbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

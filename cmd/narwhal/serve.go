@@ -31,6 +31,7 @@ import (
 
 func newServe(g *globalFlags, stderr io.Writer) *cobra.Command {
 	var path, decisions string
+	var reset bool
 	cmd := &cobra.Command{
 		Use:   "serve [--config FILE]",
 		Short: "Run Narwhal until SIGINT/SIGTERM (the embedded default config without --config)",
@@ -55,19 +56,21 @@ func newServe(g *globalFlags, stderr io.Writer) *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			return serve(ctx, cfg, log, dlog)
+			return serve(ctx, cfg, log, dlog, reset)
 		},
 	}
 	cmd.Flags().StringVar(&path, "config", "", "config file (YAML)")
 	cmd.Flags().StringVar(&decisions, "decisions", "", "write the decision log (JSON lines) to this file")
+	cmd.Flags().BoolVar(&reset, "reset-state", false, "ignore the durable state (state.dir) and start from the config's roles")
 	return cmd
 }
 
 // serve runs Narwhal on a validated config until ctx is done, then shuts down within
 // shutdown_grace_s: readiness drops, new ext_proc streams are refused, residents finish (up to
 // the grace), then the xDS and admin servers stop. Listeners open first, so that a port in use
-// fails before anything runs.
-func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions io.Writer) error {
+// fails before anything runs. The durable state of an earlier run (state.dir) is restored first,
+// unless resetState.
+func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions io.Writer, resetState bool) error {
 	lns, err := listenAll(cfg)
 	if err != nil {
 		return err
@@ -78,6 +81,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	if err != nil {
 		closeAll(lns)
 		return usageErr(err)
+	}
+	back, err := loadState(cfg, f, resetState, log)
+	if err != nil {
+		closeAll(lns)
+		return failureErr(err)
 	}
 	sizer, err := extproc.NewSizer(cfg.Router.Sizing)
 	if err != nil {
@@ -96,13 +104,22 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	reg := prometheus.NewRegistry()
 	metrics := admin.NewMetrics(reg, f, version)
 	var roles *controller.Live // the router's urgent triggers go to the role controller
-	live := router.NewLive(router.New(cfg, f.Snapshot(), start), time.Now, router.Hooks{
+	rt := router.New(cfg, f.Snapshot(), start)
+	rt.RestoreCorrections(back.corrections)
+	live := router.NewLive(rt, time.Now, router.Hooks{
 		Eject:   func(e router.Ejection) { eject(f, e, log) },
 		Trigger: func(tr router.Trigger) { roles.Trigger(tr) },
 	})
-	roles = controller.NewLive(controller.New(cfg, start), controller.LiveOptions{
-		Fleet: f, Router: live, Logger: log, Observer: admin.NewControllerMetrics(reg), Log: dlog,
+	ctl := controller.New(cfg, start)
+	if back.controller != nil {
+		ctl.Restore(*back.controller)
+	}
+	persist := newPersister(cfg.State.StateDir(), f, nil, live, log, reg)
+	roles = controller.NewLive(ctl, controller.LiveOptions{
+		Fleet: f, Router: live, Logger: log, Observer: observers{admin.NewControllerMetrics(reg), persist}, Log: dlog,
 	})
+	persist.roles = roles
+	f.OnChange(func(fleet.Event) { persist.Kick() })
 	admin.RegisterRouter(reg, live)
 	runCtx, cancel := context.WithCancel(ctx) // the servers' and loops' life; ended after the drain
 	defer cancel()
@@ -157,6 +174,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	wg.Go(func() { _ = live.Run(runCtx) })
 	wg.Go(func() { live.Follow(runCtx, f) })
 	wg.Go(func() { _ = roles.Run(runCtx) })
+	wg.Go(func() { persist.Run(runCtx) }) // its last write follows the drain
+	persist.Kick()                        // the first start writes the config's state at once
 	adm.SetReady(true)
 	p, d := countRoles(cfg)
 	log.Info("narwhal serving", "version", version, "admin", adminLn.Addr().String(),

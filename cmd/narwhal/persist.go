@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/router"
+	"github.com/narwhal-llm/narwhal/state"
+)
+
+// restored is what a previous run's state file gave back, for the router and the controller
+// (the fleet takes its part in loadState).
+type restored struct {
+	corrections map[string]router.Correction
+	controller  *controller.Durable
+}
+
+// loadState restores the fleet from the state file under state.dir (docs/durable-state.md),
+// unless reset: the config's roles then start, and the next write replaces the file. A file
+// that cannot be read, is corrupt or belongs to another fleet stops serve with one line naming
+// it; engines added to or removed from the config since are said in the log.
+func loadState(cfg *config.Config, f *fleet.Fleet, reset bool, log *slog.Logger) (restored, error) {
+	dir := cfg.State.StateDir()
+	if reset {
+		log.Info("durable state ignored (--reset-state): starting from the config's roles", "dir", dir)
+		return restored{}, nil
+	}
+	file, err := state.Load(dir)
+	if errors.Is(err, state.ErrNoState) {
+		log.Info("no durable state yet: starting from the config's roles", "dir", dir)
+		return restored{}, nil
+	}
+	if err != nil {
+		return restored{}, err
+	}
+	added, removed, err := file.Match(cfg)
+	if err != nil {
+		return restored{}, fmt.Errorf("state file %s/%s: %w; start with --reset-state to begin from this config", dir, state.FileName, err)
+	}
+	engines, err := file.Fleet()
+	if err != nil {
+		return restored{}, err
+	}
+	if _, err := f.Restore(engines); err != nil {
+		return restored{}, fmt.Errorf("state file %s/%s: %w", dir, state.FileName, err)
+	}
+	for _, id := range added {
+		log.Info("engine added to the config since the state was written: it starts in its configured role", "engine", id)
+	}
+	for _, id := range removed {
+		log.Info("engine removed from the config since the state was written: its saved state is dropped", "engine", id)
+	}
+	snap := f.Snapshot()
+	p, d := snap.Split()
+	log.Info("durable state restored", "file", dir+"/"+state.FileName, "written", file.Written,
+		"prefill", p, "decode", d, "decision_seq", file.Controller.Seq)
+	return restored{corrections: file.Corrections(), controller: &file.Controller}, nil
+}
+
+// persister writes the durable state after every change it is told of (Kick: a fleet event, a
+// decision), coalescing a burst into one write, and every few seconds for the corrections.
+// Writes happen on its own goroutine, off the placement path.
+type persister struct {
+	dir    string
+	fleet  *fleet.Fleet
+	roles  *controller.Live
+	router *router.Live
+	log    *slog.Logger
+	kick   chan struct{}
+
+	writes  *prometheus.CounterVec
+	latency prometheus.Histogram
+}
+
+// persistEvery is how often the state is written without a change (the correction factors move
+// with every finished request, which does not kick a write).
+const persistEvery = 10 * time.Second
+
+func newPersister(dir string, f *fleet.Fleet, roles *controller.Live, rt *router.Live, log *slog.Logger, reg prometheus.Registerer) *persister {
+	p := &persister{dir: dir, fleet: f, roles: roles, router: rt, log: log, kick: make(chan struct{}, 1),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "narwhal_state_writes_total", Help: "Durable state writes, by result (ok, error).",
+		}, []string{"result"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "narwhal_state_write_seconds", Help: "Time to write the durable state (fsync included).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
+		}),
+	}
+	reg.MustRegister(p.writes, p.latency)
+	return p
+}
+
+// Kick asks for a write soon; it never blocks.
+func (p *persister) Kick() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// ObserveDecision kicks a write after every decision (its sequence number is durable state).
+func (p *persister) ObserveDecision(*controller.Decision, time.Duration) { p.Kick() }
+
+// Run writes on kicks and every persistEvery until ctx is done, then once more.
+func (p *persister) Run(ctx context.Context) {
+	t := time.NewTicker(persistEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			p.write()
+			return
+		case <-p.kick:
+		case <-t.C:
+		}
+		p.write()
+	}
+}
+
+func (p *persister) write() {
+	begin := time.Now()
+	f := state.Capture(p.fleet.Snapshot(), p.roles.Durable(), p.router.Snapshot().Engines, begin)
+	err := state.Save(p.dir, f)
+	p.latency.Observe(time.Since(begin).Seconds())
+	if err != nil {
+		p.writes.WithLabelValues("error").Inc()
+		p.log.Error("durable state not written", "err", err)
+		return
+	}
+	p.writes.WithLabelValues("ok").Inc()
+}
+
+// observers hands every decision to each of its observers.
+type observers []controller.Observer
+
+func (o observers) ObserveDecision(d *controller.Decision, took time.Duration) {
+	for _, x := range o {
+		x.ObserveDecision(d, took)
+	}
+}

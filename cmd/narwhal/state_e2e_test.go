@@ -1,0 +1,85 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func engineOf(st stateView, id string) engineView {
+	for _, e := range st.Engines {
+		if e.ID == id {
+			return e
+		}
+	}
+	return engineView{}
+}
+
+// Issue 11, durable state of a single instance: an operator's pin and drain survive a restart
+// of narwhal serve (the log says the state was restored); --reset-state starts from the config;
+// a corrupt state file and another fleet's state file each stop serve with one line naming the
+// file.
+func TestServeKeepsItsStateAcrossRestarts(t *testing.T) {
+	_, engines := startEngines(t, "prefill", "prefill", "decode", "decode")
+	stateDir := filepath.Join(t.TempDir(), "state")
+	cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines)+fmt.Sprintf("state: {dir: %q}\n", stateDir))
+
+	srv := start(t, "serve", "--config", cfg)
+	admin, _, _ := srv.serving(t)
+	waitFor(t, admin, 10*time.Second, "four active engines", allActive(4))
+	for _, call := range []string{"e1/pin", "e4/drain"} {
+		if code, err := httpPost("http://" + admin + "/narwhal/engines/" + call); err != nil || code != 200 {
+			t.Fatalf("%s: %d %v", call, code, err)
+		}
+	}
+	kept := func(s stateView) bool {
+		return engineOf(s, "e1").Pinned && engineOf(s, "e4").Lifecycle == "draining" && engineOf(s, "e4").Drained
+	}
+	waitFor(t, admin, 5*time.Second, "e1 pinned, e4 drained", kept)
+	if code, _ := srv.stop(t); code != 0 {
+		t.Fatalf("serve exited %d", code)
+	}
+
+	srv = start(t, "serve", "--config", cfg)
+	admin, _, _ = srv.serving(t)
+	st := waitFor(t, admin, 5*time.Second, "the pin and the drain restored", kept)
+	if st.Split.Prefill != 2 || st.Split.Decode != 1 {
+		t.Fatalf("split %+v after the restart, want 2 prefill and 1 decode (e4 drained)", st.Split)
+	}
+	if !strings.Contains(srv.out.String(), "durable state restored") {
+		t.Fatalf("the log does not say the state was restored:\n%s", srv.out.String())
+	}
+	if code, _ := srv.stop(t); code != 0 {
+		t.Fatalf("serve exited %d", code)
+	}
+
+	srv = start(t, "serve", "--config", cfg, "--reset-state")
+	admin, _, _ = srv.serving(t)
+	st = waitFor(t, admin, 10*time.Second, "the config's state again", allActive(4))
+	if engineOf(st, "e1").Pinned {
+		t.Fatalf("e1 still pinned after --reset-state: %+v", st)
+	}
+	if code, _ := srv.stop(t); code != 0 {
+		t.Fatalf("serve exited %d", code)
+	}
+
+	file := filepath.Join(stateDir, "narwhal-state.json")
+	for name, content := range map[string]string{
+		"corrupt":       "{\"version\": 1, \"engines\": [",
+		"another fleet": `{"version": 1, "written": "2026-12-01T00:00:00Z", "engines": [{"id": "x9", "role": "decode", "role_since": "2026-12-01T00:00:00Z", "moved": false, "lifecycle": "active", "lifecycle_since": "2026-12-01T00:00:00Z", "pinned": false, "held": false, "correction": {"prefill": 1, "decode": 1, "prefill_samples": 0, "decode_samples": 0}}], "controller": {"seq": 3, "confirmations": {"prefill_expand": 0, "prefill_consolidate": 0, "decode_expand": 0, "decode_consolidate": 0}, "evidence_window": {"opened_at": "2026-12-01T00:00:00Z", "arrivals": 0, "closed": false}}}`,
+	} {
+		if err := os.WriteFile(file, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, code := runBin(t, "serve", "--config", cfg)
+		if code != 1 || !strings.Contains(out, file) || strings.Count(strings.TrimSpace(out), "\n") > 2 {
+			t.Errorf("%s state file: exit %d, output:\n%s", name, code, out)
+		}
+		if name == "another fleet" && !strings.Contains(out, "another fleet") {
+			t.Errorf("another fleet's file: %s", out)
+		}
+	}
+}

@@ -1,0 +1,187 @@
+package state
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/router"
+)
+
+var t0 = time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+
+func testConfig(t *testing.T, ids ...string) *config.Config {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Engines = nil
+	for i, id := range ids {
+		role := "prefill"
+		if i%2 == 1 {
+			role = "decode"
+		}
+		cfg.Engines = append(cfg.Engines, config.Engine{ID: id, Address: "10.0.0." + string(rune('1'+i)) + ":80", Role: role, Profile: config.DefaultProfileName})
+	}
+	return cfg
+}
+
+// A state captured, saved, loaded and restored gives back every durable field: roles and
+// their times (a move before the restart stays a move), lifecycles, holds, pins, corrections,
+// and the controller's sequence, cooldown, confirmations and window.
+func TestRoundTrip(t *testing.T) {
+	cfg := testConfig(t, "a", "b", "c", "d")
+	f, err := fleet.New(cfg, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved := t0.Add(10 * time.Second)
+	if _, err := f.SetRole("b", fleet.Prefill, moved, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Drain("d", moved, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.SetPinned("c", true, moved, "test"); err != nil {
+		t.Fatal(err)
+	}
+	last := t0.Add(5 * time.Second)
+	d := controller.Durable{Seq: 41, LastToDecode: &last, Confirmations: controller.Confirmed{DecodeExpand: 2}}
+	d.Window.OpenedAt, d.Window.Arrivals, d.Window.Closed = t0, 77, true
+	loads := []router.EngineLoad{{ID: "a", Correction: router.Correction{Prefill: 1.4, Decode: 0.9, PrefillSamples: 30, DecodeSamples: 12}}}
+	dir := filepath.Join(t.TempDir(), "st")
+	if err := Save(dir, Capture(f.Snapshot(), d, loads, t0.Add(20*time.Second))); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 || entries[0].Name() != FileName {
+		t.Fatalf("the state dir holds %v, want only %s", entries, FileName)
+	}
+	got, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2, err := fleet.New(cfg, t0.Add(30*time.Second)) // the next run
+	if err != nil {
+		t.Fatal(err)
+	}
+	engines, err := got.Fleet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if unknown, err := f2.Restore(engines); err != nil || len(unknown) != 0 {
+		t.Fatalf("restore: %v %v", unknown, err)
+	}
+	b, _ := f2.Engine("b")
+	if b.Role != fleet.Prefill || !b.Moved || !b.RoleSince.Equal(moved) {
+		t.Fatalf("b after restore: %+v", b)
+	}
+	if e, _ := f2.Engine("d"); e.Lifecycle != fleet.Draining || !e.Held {
+		t.Fatalf("d after restore: %+v", e)
+	}
+	if e, _ := f2.Engine("c"); !e.Pinned {
+		t.Fatalf("c after restore: %+v", e)
+	}
+	if a, _ := f2.Engine("a"); a.Moved || a.Role != fleet.Prefill {
+		t.Fatalf("a after restore: %+v", a)
+	}
+	if c := got.Corrections()["a"]; c.Prefill != 1.4 || c.DecodeSamples != 12 {
+		t.Fatalf("corrections %+v", c)
+	}
+	gc := got.Controller
+	if gc.Seq != 41 || gc.LastToDecode == nil || !gc.LastToDecode.Equal(last) || gc.Confirmations.DecodeExpand != 2 ||
+		gc.Window.Arrivals != 77 || !gc.Window.Closed || !gc.Window.OpenedAt.Equal(t0) {
+		t.Fatalf("controller state %+v", gc)
+	}
+}
+
+// Bad files are errors naming the file and what is wrong; a missing one is ErrNoState.
+func TestLoadErrors(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := Load(dir); !errors.Is(err, ErrNoState) {
+		t.Fatalf("empty dir: %v", err)
+	}
+	path := filepath.Join(dir, FileName)
+	for name, content := range map[string]string{
+		"not json":      "{\"version\": 1, \"engines\": [",
+		"unknown field": `{"version": 1, "engines": [], "controller": {}, "color": "red"}`,
+		"bad role":      `{"version": 1, "engines": [{"id": "a", "role": "chef", "lifecycle": "active"}], "controller": {}}`,
+		"old version":   `{"version": 0, "engines": [], "controller": {}}`,
+	} {
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Load(dir)
+		if err == nil || !strings.Contains(err.Error(), path) {
+			t.Errorf("%s: %v, want an error naming %s", name, err, path)
+		}
+	}
+}
+
+// Engines added to or removed from the config are listed; a file with none of the config's
+// engines belongs to another fleet.
+func TestMatch(t *testing.T) {
+	f := &File{Engines: []Engine{{ID: "a"}, {ID: "b"}, {ID: "x"}}}
+	added, removed, err := f.Match(testConfig(t, "a", "b", "c"))
+	if err != nil || strings.Join(added, ",") != "c" || strings.Join(removed, ",") != "x" {
+		t.Fatalf("added %v removed %v err %v", added, removed, err)
+	}
+	if _, _, err := f.Match(testConfig(t, "p", "q")); err == nil || !strings.Contains(err.Error(), "another fleet") {
+		t.Fatalf("foreign file: %v", err)
+	}
+}
+
+// The file is JSON with the version first: an operator can read it.
+func TestWrittenForm(t *testing.T) {
+	dir := t.TempDir()
+	f, _ := fleet.New(testConfig(t, "a", "b"), t0)
+	if err := Save(dir, Capture(f.Snapshot(), controller.Durable{}, nil, t0)); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(filepath.Join(dir, FileName))
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil || m["version"] != float64(Version) || !strings.HasPrefix(string(data), "{\n  \"version\": 1") {
+		t.Fatalf("%s (%v)", data, err)
+	}
+}
+
+// BenchmarkSave is one durable write of a 64-engine state (fsyncs included): the cost of a
+// role change or a decision to the writer goroutine, never to placement.
+func BenchmarkSave(b *testing.B) {
+	ids := make([]string, 64)
+	for i := range ids {
+		ids[i] = "e" + string(rune('a'+i/26)) + string(rune('a'+i%26))
+	}
+	cfg := config.Default()
+	for i, id := range ids {
+		role := "prefill"
+		if i%2 == 1 {
+			role = "decode"
+		}
+		cfg.Engines = append(cfg.Engines, config.Engine{ID: id, Address: "10.0.0.1:80", Role: role, Profile: config.DefaultProfileName})
+	}
+	f, err := fleet.New(cfg, t0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	file := Capture(f.Snapshot(), controller.Durable{}, nil, t0)
+	dir := b.TempDir()
+	lat := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	for b.Loop() {
+		begin := time.Now()
+		if err := Save(dir, file); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(begin))
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+}
