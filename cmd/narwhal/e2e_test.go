@@ -508,13 +508,22 @@ func TestEnvoyCommands(t *testing.T) {
 			t.Fatalf("%v: exit %d %s", args, code, out)
 		}
 	}
+	// Two replicas (issue 11): both in both clusters, and the result validates.
+	out, code := runBin(t, "envoy-config", "--config", "../../examples/narwhal-compose.yaml", "--narwhal-hosts", "narwhal-a,narwhal-b")
+	if code != 0 || strings.Count(out, `{address: "narwhal-a"`) != 2 || strings.Count(out, `{address: "narwhal-b"`) != 2 {
+		t.Fatalf("envoy-config --narwhal-hosts: exit %d\n%s", code, out)
+	}
+	two := writeConfig(t, out)
+	if out, code := runBin(t, "validate", "--envoy", two, "--config", "../../examples/narwhal-compose.yaml"); code != 0 || strings.TrimSpace(out) != "ok" {
+		t.Fatalf("validate the two-replica bootstrap: exit %d %s", code, out)
+	}
 	// The compose bootstrap does not fit the default config (Narwhal listens on 127.0.0.1 there).
 	if out, code := runBin(t, "validate", "--envoy", "../../examples/envoy/envoy-compose.yaml"); code != 2 || !strings.Contains(out, "listen.extproc is 127.0.0.1:9002") {
 		t.Fatalf("compose bootstrap against the default config: exit %d %s", code, out)
 	}
 	good, _ := os.ReadFile("../../examples/envoy/envoy.yaml")
 	bad := writeConfig(t, strings.Replace(string(good), "request_body_mode: BUFFERED", "request_body_mode: STREAMED", 1))
-	out, code := runBin(t, "validate", "--envoy", bad)
+	out, code = runBin(t, "validate", "--envoy", bad)
 	if code != 2 || !strings.Contains(out, "processing_mode.request_body_mode: ") {
 		t.Fatalf("STREAMED request body: exit %d %s", code, out)
 	}

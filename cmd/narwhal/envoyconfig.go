@@ -42,7 +42,8 @@ func newEnvoyConfig(stdout io.Writer) *cobra.Command {
 	f.StringVar(&o.Listen, "listen", "", "Envoy's HTTP listener (default "+bootstrap.DefaultEnvoyListen+")")
 	f.StringVar(&o.Admin, "admin", "", "Envoy's admin interface (default "+bootstrap.DefaultEnvoyAdmin+")")
 	f.StringVar(&o.BodyMode, "body-mode", bootstrap.BodyBuffered, "ext_proc request_body_mode: "+bootstrap.BodyBuffered+" or "+bootstrap.BodyFullDuplex)
-	f.StringVar(&o.NarwhalHost, "narwhal-host", "", "host name Envoy reaches Narwhal by (e.g. the compose service name)")
+	f.StringSliceVar(&o.NarwhalHosts, "narwhal-hosts", nil, "host names Envoy reaches Narwhal by (e.g. the compose service name), comma-separated: several for replicas on etcd")
+	f.StringSliceVar(&o.NarwhalHosts, "narwhal-host", nil, "the same as --narwhal-hosts, one host")
 	return cmd
 }
 

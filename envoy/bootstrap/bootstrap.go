@@ -39,11 +39,13 @@ type Options struct {
 	Admin string
 	// BodyMode is the ext_proc request_body_mode: BodyBuffered ("" means it) or BodyFullDuplex.
 	BodyMode string
-	// NarwhalHost, when set, replaces the host of listen.extproc and listen.xds in the addresses
-	// Envoy connects to, keeping their ports: the name Envoy reaches Narwhal by, such as
-	// "narwhal", the service name in docker compose. Without it, a host that means every
-	// interface (empty, 0.0.0.0, ::) becomes 127.0.0.1 (or ::1).
-	NarwhalHost string
+	// NarwhalHosts, when set, replace the host of listen.extproc and listen.xds in the addresses
+	// Envoy connects to, keeping their ports: the names Envoy reaches Narwhal by, such as
+	// "narwhal", the service name in docker compose; several for replicas on etcd (docs/ha.md:
+	// the ext_proc cluster's gRPC health check then sends streams to the leader only, and every
+	// replica serves ADS). Without it, a host that means every interface (empty, 0.0.0.0, ::)
+	// becomes 127.0.0.1 (or ::1).
+	NarwhalHosts []string
 	// NodeID and NodeCluster identify this Envoy to Narwhal's ADS server; "" means
 	// "narwhal-envoy".
 	NodeID, NodeCluster string
@@ -81,6 +83,27 @@ type bsAddr struct {
 
 func (a bsAddr) String() string { return net.JoinHostPort(a.Host, strconv.Itoa(a.Port)) }
 
+// bsAddrs are the endpoints of one cluster.
+type bsAddrs []bsAddr
+
+// IsIP reports whether every host is an IP address (a STATIC cluster).
+func (as bsAddrs) IsIP() bool {
+	for _, a := range as {
+		if !a.IsIP() {
+			return false
+		}
+	}
+	return true
+}
+
+func (as bsAddrs) String() string {
+	s := make([]string, len(as))
+	for i, a := range as {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ", ")
+}
+
 // IsIP reports whether the host is an IP address (a STATIC cluster) rather than a name
 // (STRICT_DNS).
 func (a bsAddr) IsIP() bool {
@@ -96,10 +119,9 @@ type bsData struct {
 	NodeID, NodeCluster string
 	Listen, Admin       bsAddr
 	AdminURL            string // host:port of the admin as a browser would reach it
-	ExtProc, XDS        bsAddr
+	ExtProc, XDS        bsAddrs
 	ExtProcListen       string
 	XDSListen           string
-	NarwhalHost         string
 	FullDuplex          bool
 	BodyMode            string
 	Paths               []bsRoute
@@ -127,7 +149,7 @@ type bsData struct {
 func bootstrapData(cfg *config.Config, o Options) (*bsData, error) {
 	names := wire.Names(cfg.XDS.ClusterPrefix)
 	d := &bsData{
-		NodeID: o.NodeID, NodeCluster: o.NodeCluster, NarwhalHost: o.NarwhalHost,
+		NodeID: o.NodeID, NodeCluster: o.NodeCluster,
 		BodyLimit: cfg.Router.BodyLimitBytes, Capacity: cfg.Router.WaitingSet.Capacity,
 		Prefix: cfg.XDS.ClusterPrefix, Engines: names.Engines,
 		OriginalDst: OriginalDstCluster, ExtProcCluster: ExtProcCluster, XDSCluster: XDSCluster,
@@ -154,11 +176,20 @@ func bootstrapData(cfg *config.Config, o Options) (*bsData, error) {
 	if ip, err := netip.ParseAddr(d.Admin.Host); err == nil && ip.IsUnspecified() {
 		d.AdminURL = net.JoinHostPort("localhost", strconv.Itoa(d.Admin.Port))
 	}
-	if d.ExtProc, err = bsNarwhalAddr(cfg.Listen.ExtProc, o.NarwhalHost, "listen.extproc"); err != nil {
-		return nil, err
+	hosts := o.NarwhalHosts
+	if len(hosts) == 0 {
+		hosts = []string{""}
 	}
-	if d.XDS, err = bsNarwhalAddr(cfg.Listen.XDS, o.NarwhalHost, "listen.xds"); err != nil {
-		return nil, err
+	for _, h := range hosts {
+		e, err := bsNarwhalAddr(cfg.Listen.ExtProc, h, "listen.extproc")
+		if err != nil {
+			return nil, err
+		}
+		x, err := bsNarwhalAddr(cfg.Listen.XDS, h, "listen.xds")
+		if err != nil {
+			return nil, err
+		}
+		d.ExtProc, d.XDS = append(d.ExtProc, e), append(d.XDS, x)
 	}
 	switch o.BodyMode {
 	case "", BodyBuffered:
@@ -397,6 +428,9 @@ static_resources:
         max_pending_requests: {{.ExtProcBreaker}}
         max_requests: {{.ExtProcBreaker}}
     # gRPC health checking (grpc.health.v1, overall server status).
+{{- if gt (len .ExtProc) 1}}
+    # Several Narwhal replicas: standbys answer NOT_SERVING, so streams go to the leader only.
+{{- end}}
     health_checks:
     - timeout: 1s
       interval: 5s
@@ -407,9 +441,11 @@ static_resources:
       cluster_name: {{.ExtProcCluster}}
       endpoints:
       - lb_endpoints:
+{{- range .ExtProc}}
         - endpoint:
             address:
-              socket_address: {address: {{q .ExtProc.Host}}, port_value: {{.ExtProc.Port}}}
+              socket_address: {address: {{q .Host}}, port_value: {{.Port}}}
+{{- end}}
 
   # Narwhal's ADS server (listen.xds {{.XDSListen}}): clusters {{join .Clusters ", "}}.
   - name: {{.XDSCluster}}
@@ -428,9 +464,11 @@ static_resources:
       cluster_name: {{.XDSCluster}}
       endpoints:
       - lb_endpoints:
+{{- range .XDS}}
         - endpoint:
             address:
-              socket_address: {address: {{q .XDS.Host}}, port_value: {{.XDS.Port}}}
+              socket_address: {address: {{q .Host}}, port_value: {{.Port}}}
+{{- end}}
 
   # The engine Narwhal chose: the host comes from the {{.HeaderDestination}} header
   # of each request, which Narwhal overwrites on every request it places. Each request to an

@@ -56,7 +56,7 @@ func composeConfig(t testing.TB) *config.Config {
 
 // composeOptions are the options of examples/envoy/envoy-compose.yaml: Narwhal is the compose
 // service "narwhal", and Envoy's admin is published on the host.
-var composeOptions = bootstrap.Options{NarwhalHost: "narwhal", Admin: "0.0.0.0:9901"}
+var composeOptions = bootstrap.Options{NarwhalHosts: []string{"narwhal"}, Admin: "0.0.0.0:9901"}
 
 // generated lists every generated example: its file, the Narwhal config it is for, and the
 // options it was generated with.
@@ -330,7 +330,7 @@ func TestBootstrapVariants(t *testing.T) {
 		{"IPv6 any becomes ::1", "listen: {extproc: \"[::]:7000\"}\n", bootstrap.Options{},
 			[]string{`{address: "::1", port_value: 7000}`}},
 		{"host override, DNS clusters", "listen: {extproc: \"0.0.0.0:9002\", xds: \"0.0.0.0:18000\"}\n",
-			bootstrap.Options{NarwhalHost: "narwhal.internal", Listen: "127.0.0.1:8080", Admin: "[::1]:9000"},
+			bootstrap.Options{NarwhalHosts: []string{"narwhal.internal"}, Listen: "127.0.0.1:8080", Admin: "[::1]:9000"},
 			[]string{"type: STRICT_DNS", "dns_lookup_family: V4_PREFERRED", `{address: "narwhal.internal", port_value: 9002}`,
 				`{address: "127.0.0.1", port_value: 8080}`, `{address: "::1", port_value: 9000}`}},
 		{"full duplex has no message_timeout", "", bootstrap.Options{BodyMode: bootstrap.BodyFullDuplex},
@@ -346,6 +346,13 @@ xds: {cluster_prefix: llm}
 				"per_connection_buffer_limit_bytes: 34603008", "max_requests: 101376"}},
 		{"fractional wait", "router: {waiting_set: {max_wait_s: 2.5}}\n", bootstrap.Options{},
 			[]string{"message_timeout: 7.5s"}},
+		// Issue 11: replicas on etcd. Every replica is an endpoint of both clusters; the ext_proc
+		// cluster's gRPC health check sends streams to the leader only.
+		{"several replicas", "listen: {extproc: \"0.0.0.0:9002\", xds: \"0.0.0.0:18000\"}\n",
+			bootstrap.Options{NarwhalHosts: []string{"narwhal-a", "narwhal-b"}},
+			[]string{`{address: "narwhal-a", port_value: 9002}`, `{address: "narwhal-b", port_value: 9002}`,
+				`{address: "narwhal-a", port_value: 18000}`, `{address: "narwhal-b", port_value: 18000}`,
+				"grpc_health_check: {}", "standbys answer NOT_SERVING"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

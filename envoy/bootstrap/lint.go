@@ -414,21 +414,36 @@ func (l *linter) grpcCluster(lc lintCluster, key, want string) {
 				problem.Fields(problem.Index(problem.Key(problem.Index(ap, i), "lb_endpoints"), j), "endpoint.address.socket_address")})
 		}
 	}
-	if len(eps) != 1 {
-		l.add(problem.Key(p, "load_assignment"), "cluster %q must have exactly one endpoint, Narwhal's %s, got %d (Narwhal's router state lives in one process)", c.GetName(), key, len(eps))
+	switch {
+	case len(eps) == 0:
+		l.add(problem.Key(p, "load_assignment"), "cluster %q has no endpoint: it needs Narwhal's %s", c.GetName(), key)
 		return
+	case len(eps) > 1 && key == "listen.extproc" && !grpcHealthChecked(c):
+		// Several replicas (docs/ha.md): the router's state lives in the leader alone.
+		l.add(problem.Key(p, "health_checks"), "cluster %q has %d endpoints (Narwhal replicas) but no gRPC health check: Envoy would send streams to standbys too; add health_checks [{grpc_health_check: {}, ...}] (standbys answer NOT_SERVING, the leader SERVING)", c.GetName(), len(eps))
 	}
-	if eps[0].sa == nil {
-		l.add(eps[0].path, "must be a socket address (Narwhal's %s)", key)
-		return
+	for _, e := range eps {
+		if e.sa == nil {
+			l.add(e.path, "must be a socket address (Narwhal's %s)", key)
+			continue
+		}
+		if want == "" {
+			continue
+		}
+		if msg := addrMismatch(e.sa.GetAddress(), strconv.Itoa(int(e.sa.GetPortValue())), key, want); msg != "" {
+			l.add(e.path, "%s", msg)
+		}
 	}
-	if want == "" {
-		return
+}
+
+// grpcHealthChecked reports whether the cluster has an active gRPC health check.
+func grpcHealthChecked(c *clusterv3.Cluster) bool {
+	for _, hc := range c.GetHealthChecks() {
+		if hc.GetGrpcHealthCheck() != nil {
+			return true
+		}
 	}
-	sa := eps[0].sa
-	if msg := addrMismatch(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())), key, want); msg != "" {
-		l.add(eps[0].path, "%s", msg)
-	}
+	return false
 }
 
 // addrMismatch compares the address Envoy connects to with the one Narwhal listens on: the

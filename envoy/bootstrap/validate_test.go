@@ -548,3 +548,22 @@ func TestLines(t *testing.T) {
 		t.Errorf("no problem for bogus:%s", dump(ps))
 	}
 }
+
+// Several Narwhal endpoints in the ext_proc cluster need its gRPC health check (only the leader
+// may get streams); each endpoint's port must be listen.extproc's.
+func TestReplicasNeedAHealthCheck(t *testing.T) {
+	cfg := defaultConfig(t)
+	doc := generate(t, cfg, bootstrap.Options{NarwhalHosts: []string{"127.0.0.1", "127.0.0.2"}})
+	if ps := bootstrap.Validate([]byte(doc), cfg); len(ps) != 0 {
+		t.Fatalf("generated for two replicas:%s", dump(ps))
+	}
+	bare := cut(t, doc, "    health_checks:\n", "    load_assignment:\n      cluster_name: narwhal-extproc")
+	ps := bootstrap.Validate([]byte(bare), cfg)
+	if !hasProblem(ps, want{"static_resources.clusters[0].health_checks", "no gRPC health check"}) {
+		t.Fatalf("two endpoints, no health check:%s", dump(ps))
+	}
+	wrongPort := edit(t, doc, `{address: "127.0.0.2", port_value: 9002}`, `{address: "127.0.0.2", port_value: 9003}`)
+	if ps := bootstrap.Validate([]byte(wrongPort), cfg); !hasProblem(ps, want{"static_resources.clusters[0].load_assignment.endpoints[0].lb_endpoints[1].endpoint.address.socket_address", "the ports differ"}) {
+		t.Fatalf("a replica on the wrong port:%s", dump(ps))
+	}
+}
