@@ -29,6 +29,7 @@ type Config struct {
 	XDS            XDS                `yaml:"xds" json:"xds"`
 	ShutdownGraceS float64            `yaml:"shutdown_grace_s" json:"shutdown_grace_s"`
 	State          State              `yaml:"state" json:"state"`
+	HA             HA                 `yaml:"ha" json:"ha"`
 	Sim            Sim                `yaml:"sim" json:"sim"`
 	Profiles       map[string]Profile `yaml:"profiles" json:"profiles"`
 	Engines        []Engine           `yaml:"engines" json:"engines"`
@@ -39,6 +40,30 @@ type State struct {
 	// Dir holds the state file; "" is ./narwhal-state (relative to the working directory).
 	Dir string `yaml:"dir" json:"dir"`
 }
+
+// HA configures several replicas on etcd (docs/ha.md); without endpoints Narwhal is a single
+// instance.
+type HA struct {
+	Etcd      Etcd `yaml:"etcd" json:"etcd"`
+	LeaseTTLS int  `yaml:"lease_ttl_s" json:"lease_ttl_s"`
+}
+
+// Etcd is the etcd cluster the replicas share.
+type Etcd struct {
+	Endpoints []string `yaml:"endpoints" json:"endpoints"`
+	Prefix    string   `yaml:"prefix" json:"prefix"`
+	TLS       EtcdTLS  `yaml:"tls" json:"tls"`
+}
+
+// EtcdTLS are the client TLS files; all empty means plain connections.
+type EtcdTLS struct {
+	CAFile   string `yaml:"ca_file" json:"ca_file"`
+	CertFile string `yaml:"cert_file" json:"cert_file"`
+	KeyFile  string `yaml:"key_file" json:"key_file"`
+}
+
+// Enabled reports whether replicas share state on etcd.
+func (h HA) Enabled() bool { return len(h.Etcd.Endpoints) > 0 }
 
 // StateDir is the directory of the state file.
 func (s State) StateDir() string {

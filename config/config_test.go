@@ -732,3 +732,18 @@ func TestListenAnyPort(t *testing.T) {
 		t.Fatalf("an engine on port 0: %v", err)
 	}
 }
+
+// ha.* is checked only when replicas are configured; each bad value is named.
+func TestHAConfig(t *testing.T) {
+	cfg, err := Load([]byte("ha: {etcd: {endpoints: [\"http://etcd:2379\"]}}\n" + twoEngines))
+	if err != nil || !cfg.HA.Enabled() || cfg.HA.Etcd.Prefix != "/narwhal" || cfg.HA.LeaseTTLS != 5 {
+		t.Fatalf("%+v %v", cfg.HA, err)
+	}
+	_, err = Load([]byte("ha: {etcd: {endpoints: [\"etcd:2379\"], prefix: narwhal, tls: {cert_file: c.pem}}, lease_ttl_s: 0}\n" + twoEngines))
+	for _, want := range []string{`ha.etcd.endpoints[0]: must be an http:// or https:// URL`, `ha.etcd.prefix: must start with /`,
+		`ha.lease_ttl_s: must be >= 1`, `ha.etcd.tls: cert_file and key_file go together`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("want %q in %v", want, err)
+		}
+	}
+}

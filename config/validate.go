@@ -5,6 +5,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -137,6 +138,7 @@ func orList(xs []string) string {
 func (c *Config) check() findings {
 	k := &checker{}
 	k.listen(c.Listen)
+	k.ha(c.HA)
 	k.slo(c.SLO)
 	k.router(c.Router)
 	k.controller(c.Controller)
@@ -150,6 +152,27 @@ func (c *Config) check() findings {
 		k.floors(c.Controller, c.Engines, c.Profiles)
 	}
 	return k.out
+}
+
+func (k *checker) ha(h HA) {
+	if !h.Enabled() {
+		return
+	}
+	for i, e := range h.Etcd.Endpoints {
+		u, err := url.Parse(e)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			k.add(fmt.Sprintf("ha.etcd.endpoints[%d]", i), nil, "must be an http:// or https:// URL of an etcd client endpoint, got %q", e)
+		}
+	}
+	if !strings.HasPrefix(h.Etcd.Prefix, "/") {
+		k.add("ha.etcd.prefix", nil, "must start with /, got %q", h.Etcd.Prefix)
+	}
+	if h.LeaseTTLS < 1 {
+		k.add("ha.lease_ttl_s", nil, "must be >= 1, got %d", h.LeaseTTLS)
+	}
+	if t := h.Etcd.TLS; (t.CertFile == "") != (t.KeyFile == "") {
+		k.add("ha.etcd.tls", []string{"ha.etcd.tls.cert_file", "ha.etcd.tls.key_file"}, "cert_file and key_file go together")
+	}
 }
 
 func (k *checker) listen(l Listen) {

@@ -234,6 +234,12 @@ func (f *Fleet) Restore(saved []Engine) (unknown []string, err error) {
 		e.Pinned = e.Pinned || s.Pinned
 	}
 	f.version++
+	for ch := range f.subs { // followers (the router, the xDS server) see the restored fleet
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
 	return unknown, nil
 }
 

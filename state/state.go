@@ -151,24 +151,36 @@ func Load(dir string) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("state file %s: %w", path, err)
 	}
+	return Decode(data, "state file "+path)
+}
+
+// Decode reads a state document (a file's content, or etcd's <prefix>/state); name says where
+// it came from in errors.
+func Decode(data []byte, name string) (*File, error) {
 	var f File
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&f); err != nil {
-		return nil, fmt.Errorf("state file %s: not a Narwhal state file (%v); move it away, or start with --reset-state", path, err)
+		return nil, fmt.Errorf("%s: not a Narwhal state (%v); move it away, or start with --reset-state", name, err)
 	}
 	if f.Version != Version {
-		return nil, fmt.Errorf("state file %s: schema version %d, this build reads %d; start with --reset-state to begin from the config", path, f.Version, Version)
+		return nil, fmt.Errorf("%s: schema version %d, this build reads %d; start with --reset-state to begin from the config", name, f.Version, Version)
 	}
 	if _, err := f.Fleet(); err != nil {
-		return nil, fmt.Errorf("state file %s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return &f, nil
 }
 
+// Encode writes f as a state document.
+func Encode(f *File) ([]byte, error) {
+	data, err := json.MarshalIndent(f, "", "  ")
+	return append(data, '\n'), err
+}
+
 // Save writes f as the state file under dir, atomically and durably.
 func Save(dir string, f *File) error {
-	data, err := json.MarshalIndent(f, "", "  ")
+	data, err := Encode(f)
 	if err != nil {
 		return err
 	}
@@ -180,7 +192,7 @@ func Save(dir string, f *File) error {
 		return fmt.Errorf("state dir %s: %w", dir, err)
 	}
 	defer os.Remove(tmp.Name()) // after the rename, nothing is left to remove
-	if _, err = tmp.Write(append(data, '\n')); err == nil {
+	if _, err = tmp.Write(data); err == nil {
 		err = tmp.Sync()
 	}
 	if cerr := tmp.Close(); err == nil {
