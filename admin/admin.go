@@ -37,6 +37,8 @@ type Options struct {
 	Sizing func() []extproc.SizingError
 	// XDS reports the xDS server's clients, pushes and NACKs; nil without it.
 	XDS interface{ Stats() envoy.Stats }
+	// HA reports this replica's standing among replicas on etcd; nil for a single instance.
+	HA func() HAState
 	// Controller reports the last decisions and the arrival-evidence window; nil without it.
 	Controller interface {
 		Recent() []controller.Decision
@@ -111,6 +113,10 @@ func (s *Server) Snapshot() State {
 	if s.o.XDS != nil {
 		x := s.o.XDS.Stats()
 		st.XDS = &x
+	}
+	if s.o.HA != nil {
+		h := s.o.HA()
+		st.HA = &h
 	}
 	fleetState(&st, &snap, loads)
 	return st

@@ -24,8 +24,17 @@ type State struct {
 	Counters       router.Counters       `json:"counters"`
 	Sizing         []SizingState         `json:"sizing"`
 	XDS            *envoy.Stats          `json:"xds,omitempty"` // connected Envoys, pushes, NACKs
+	HA             *HAState              `json:"ha,omitempty"`  // replicas on etcd; absent for a single instance
 	EvidenceWindow EvidenceWindow        `json:"evidence_window"`
 	Decisions      []controller.Decision `json:"decisions"` // the last records, oldest first
+}
+
+// HAState is this replica's standing among replicas on etcd (docs/ha.md).
+type HAState struct {
+	Role     string `json:"role"`     // leader or standby
+	ID       string `json:"id"`       // this replica
+	Leader   string `json:"leader"`   // the leader's id ("" while there is none)
+	Revision int64  `json:"revision"` // the etcd revision of the state this replica last wrote or read
 }
 
 // SizingState is the running error of local prompt sizing for one model, measured against the

@@ -113,6 +113,13 @@ func (l *Live) Durable() Durable {
 	return l.c.Durable()
 }
 
+// Restore continues from a saved controller state (Controller.Restore), before Run.
+func (l *Live) Restore(d Durable) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.c.Restore(d)
+}
+
 // Window returns the arrival-evidence window as the last evaluation saw it.
 func (l *Live) Window() WindowState {
 	l.mu.Lock()

@@ -144,6 +144,10 @@ type engineView struct {
 type stateView struct {
 	Split   struct{ Prefill, Decode int } `json:"split"`
 	Engines []engineView                  `json:"engines"`
+	HA      struct {
+		Role, ID, Leader string
+		Revision         int64
+	} `json:"ha"`
 }
 
 func getState(admin string) (stateView, error) {

@@ -12,6 +12,7 @@ import (
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/controller"
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/ha"
 	"github.com/narwhal-llm/narwhal/router"
 	"github.com/narwhal-llm/narwhal/state"
 )
@@ -27,30 +28,46 @@ type restored struct {
 // unless reset: the config's roles then start, and the next write replaces the file. A file
 // that cannot be read, is corrupt or belongs to another fleet stops serve with one line naming
 // it; engines added to or removed from the config since are said in the log.
-func loadState(cfg *config.Config, f *fleet.Fleet, reset bool, log *slog.Logger) (restored, error) {
-	dir := cfg.State.StateDir()
+func loadState(cfg *config.Config, f *fleet.Fleet, reset bool, rep *replica, log *slog.Logger) (restored, error) {
+	where := "state file " + cfg.State.StateDir() + "/" + state.FileName
+	if rep != nil {
+		where = "etcd " + cfg.HA.Etcd.Prefix + "/state"
+	}
 	if reset {
-		log.Info("durable state ignored (--reset-state): starting from the config's roles", "dir", dir)
+		log.Info("durable state ignored (--reset-state): starting from the config's roles", "state", where)
 		return restored{}, nil
 	}
-	file, err := state.Load(dir)
-	if errors.Is(err, state.ErrNoState) {
-		log.Info("no durable state yet: starting from the config's roles", "dir", dir)
-		return restored{}, nil
+	var file *state.File
+	var err error
+	if rep != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		file, err = rep.load(ctx)
+		cancel()
+	} else if file, err = state.Load(cfg.State.StateDir()); errors.Is(err, state.ErrNoState) {
+		file, err = nil, nil
 	}
 	if err != nil {
 		return restored{}, err
 	}
+	if file == nil {
+		log.Info("no durable state yet: starting from the config's roles", "state", where)
+		return restored{}, nil
+	}
+	return restore(cfg, f, file, where, log)
+}
+
+// restore puts a state back into the fleet and returns the router's and controller's parts.
+func restore(cfg *config.Config, f *fleet.Fleet, file *state.File, where string, log *slog.Logger) (restored, error) {
 	added, removed, err := file.Match(cfg)
 	if err != nil {
-		return restored{}, fmt.Errorf("state file %s/%s: %w; start with --reset-state to begin from this config", dir, state.FileName, err)
+		return restored{}, fmt.Errorf("%s: %w; start with --reset-state to begin from this config", where, err)
 	}
 	engines, err := file.Fleet()
 	if err != nil {
 		return restored{}, err
 	}
 	if _, err := f.Restore(engines); err != nil {
-		return restored{}, fmt.Errorf("state file %s/%s: %w", dir, state.FileName, err)
+		return restored{}, fmt.Errorf("%s: %w", where, err)
 	}
 	for _, id := range added {
 		log.Info("engine added to the config since the state was written: it starts in its configured role", "engine", id)
@@ -60,7 +77,7 @@ func loadState(cfg *config.Config, f *fleet.Fleet, reset bool, log *slog.Logger)
 	}
 	snap := f.Snapshot()
 	p, d := snap.Split()
-	log.Info("durable state restored", "file", dir+"/"+state.FileName, "written", file.Written,
+	log.Info("durable state restored", "state", where, "written", file.Written,
 		"prefill", p, "decode", d, "decision_seq", file.Controller.Seq)
 	return restored{corrections: file.Corrections(), controller: &file.Controller}, nil
 }
@@ -69,7 +86,8 @@ func loadState(cfg *config.Config, f *fleet.Fleet, reset bool, log *slog.Logger)
 // decision), coalescing a burst into one write, and every few seconds for the corrections.
 // Writes happen on its own goroutine, off the placement path.
 type persister struct {
-	dir    string
+	save   func(*state.File) error // the file, or etcd (fenced)
+	lost   func(error)             // a fenced write refused: this replica no longer leads
 	fleet  *fleet.Fleet
 	roles  *controller.Live
 	router *router.Live
@@ -84,8 +102,8 @@ type persister struct {
 // with every finished request, which does not kick a write).
 const persistEvery = 10 * time.Second
 
-func newPersister(dir string, f *fleet.Fleet, roles *controller.Live, rt *router.Live, log *slog.Logger, reg prometheus.Registerer) *persister {
-	p := &persister{dir: dir, fleet: f, roles: roles, router: rt, log: log, kick: make(chan struct{}, 1),
+func newPersister(save func(*state.File) error, f *fleet.Fleet, roles *controller.Live, rt *router.Live, log *slog.Logger, reg prometheus.Registerer) *persister {
+	p := &persister{save: save, fleet: f, roles: roles, router: rt, log: log, kick: make(chan struct{}, 1),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "narwhal_state_writes_total", Help: "Durable state writes, by result (ok, error).",
 		}, []string{"result"}),
@@ -128,11 +146,14 @@ func (p *persister) Run(ctx context.Context) {
 func (p *persister) write() {
 	begin := time.Now()
 	f := state.Capture(p.fleet.Snapshot(), p.roles.Durable(), p.router.Snapshot().Engines, begin)
-	err := state.Save(p.dir, f)
+	err := p.save(f)
 	p.latency.Observe(time.Since(begin).Seconds())
 	if err != nil {
 		p.writes.WithLabelValues("error").Inc()
 		p.log.Error("durable state not written", "err", err)
+		if errors.Is(err, ha.ErrNotLeader) && p.lost != nil {
+			p.lost(err)
+		}
 		return
 	}
 	p.writes.WithLabelValues("ok").Inc()

@@ -27,6 +27,7 @@ import (
 	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
+	"github.com/narwhal-llm/narwhal/state"
 )
 
 func newServe(g *globalFlags, stderr io.Writer) *cobra.Command {
@@ -82,7 +83,16 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		closeAll(lns)
 		return usageErr(err)
 	}
-	back, err := loadState(cfg, f, resetState, log)
+	var rep *replica // replicas on etcd (docs/ha.md); nil for a single instance
+	if cfg.HA.Enabled() {
+		host, _ := os.Hostname()
+		if rep, err = dialReplica(cfg, host+"/"+adminLn.Addr().String(), log); err != nil {
+			closeAll(lns)
+			return failureErr(err)
+		}
+		defer rep.resign()
+	}
+	back, err := loadState(cfg, f, resetState, rep, log)
 	if err != nil {
 		closeAll(lns)
 		return failureErr(err)
@@ -114,7 +124,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	if back.controller != nil {
 		ctl.Restore(*back.controller)
 	}
-	persist := newPersister(cfg.State.StateDir(), f, nil, live, log, reg)
+	save := func(s *state.File) error { return state.Save(cfg.State.StateDir(), s) }
+	if rep != nil {
+		save = rep.save
+		rep.register(reg)
+	}
+	persist := newPersister(save, f, nil, live, log, reg)
 	roles = controller.NewLive(ctl, controller.LiveOptions{
 		Fleet: f, Router: live, Logger: log, Observer: observers{admin.NewControllerMetrics(reg), persist}, Log: dlog,
 	})
@@ -126,8 +141,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	xds := envoy.NewServer(runCtx, cfg.XDS.ClusterPrefix, f, log, reg)
 	xdsSrv := grpc.NewServer(envoy.ServerOptions()...)
 	xds.Register(xdsSrv)
+	var haState func() admin.HAState
+	if rep != nil {
+		haState = rep.State
+	}
 	adm := admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log,
-		Router: live, Sizing: sizer.Errors, XDS: xds, Controller: roles})
+		Router: live, Sizing: sizer.Errors, XDS: xds, Controller: roles, HA: haState})
 	grpcSrv := grpc.NewServer(extproc.GRPCServerOptions(cfg)...)
 	health := grpchealth.NewServer() // Envoy's ext_proc cluster health-checks over gRPC
 	healthpb.RegisterHealthServer(grpcSrv, health)
@@ -170,13 +189,55 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		}
 	})
 	wg.Go(func() { _ = xds.Run(runCtx) })
-	wg.Go(func() { _ = monitor.Run(runCtx) })
 	wg.Go(func() { _ = live.Run(runCtx) })
 	wg.Go(func() { live.Follow(runCtx, f) })
-	wg.Go(func() { _ = roles.Run(runCtx) })
-	wg.Go(func() { persist.Run(runCtx) }) // its last write follows the drain
-	persist.Kick()                        // the first start writes the config's state at once
-	adm.SetReady(true)
+	// The leader's loops: the health monitor, the role controller and the state writer. A single
+	// instance leads from the start; a replica once it wins the election.
+	lead := func() {
+		wg.Go(func() { _ = monitor.Run(runCtx) })
+		wg.Go(func() { _ = roles.Run(runCtx) })
+		wg.Go(func() { persist.Run(runCtx) }) // its last write follows the drain
+		persist.Kick()                        // the first start writes the config's state at once
+		health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		adm.SetReady(true)
+	}
+	if rep == nil {
+		lead()
+	} else {
+		// A standby answers Envoy's health check NOT_SERVING (streams go to the leader) and
+		// /readyz 503, and serves xDS from the leader's state.
+		health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+		lost := make(chan error, 1)
+		persist.lost = func(err error) {
+			select {
+			case lost <- fmt.Errorf("ha: a state write was fenced off (%w); exiting so that this replica restarts as a standby", err):
+			default:
+			}
+		}
+		take := func(file *state.File) {
+			if file == nil {
+				return
+			}
+			b, err := restore(cfg, f, file, "etcd "+cfg.HA.Etcd.Prefix+"/state", log)
+			if err != nil {
+				log.Error("ha: the state does not restore", "err", err)
+				return
+			}
+			live.Do(func(_ time.Time, r *router.Router) { r.RestoreCorrections(b.corrections) })
+			roles.Restore(*b.controller)
+		}
+		wg.Go(func() { rep.lead(runCtx, f, take, lead, lost) })
+		wg.Go(func() {
+			select {
+			case err := <-lost:
+				select {
+				case errc <- err:
+				default:
+				}
+			case <-runCtx.Done():
+			}
+		})
+	}
 	p, d := countRoles(cfg)
 	log.Info("narwhal serving", "version", version, "admin", adminLn.Addr().String(),
 		"extproc", extprocLn.Addr().String(), "xds", xdsLn.Addr().String(), "engines", len(cfg.Engines), "prefill", p, "decode", d)

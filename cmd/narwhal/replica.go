@@ -1,0 +1,200 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/narwhal-llm/narwhal/admin"
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/ha"
+	"github.com/narwhal-llm/narwhal/state"
+)
+
+// replica is this process's place among Narwhal replicas on etcd (docs/ha.md).
+type replica struct {
+	node   *ha.Node
+	id     string
+	prefix string
+	log    *slog.Logger
+
+	mu       sync.Mutex
+	leading  bool
+	revision int64
+
+	leader    prometheus.Gauge
+	elections prometheus.Counter
+}
+
+// dialReplica connects to etcd as replica id.
+func dialReplica(cfg *config.Config, id string, log *slog.Logger) (*replica, error) {
+	tc, err := etcdTLS(cfg.HA.Etcd.TLS)
+	if err != nil {
+		return nil, err
+	}
+	// The session lives as long as the process (resign closes it), not as long as serve's
+	// context: a SIGTERM must not end the lease before the drain is done and the leadership
+	// handed over.
+	n, err := ha.Dial(context.Background(), ha.Options{Endpoints: cfg.HA.Etcd.Endpoints, Prefix: cfg.HA.Etcd.Prefix,
+		LeaseTTLS: cfg.HA.LeaseTTLS, TLS: tc, ID: id, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	return &replica{node: n, id: id, prefix: cfg.HA.Etcd.Prefix, log: log,
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "narwhal_ha_leader", Help: "1 while this replica leads, 0 while it stands by."}),
+		elections: prometheus.NewCounter(prometheus.CounterOpts{Name: "narwhal_ha_elections_won_total",
+			Help: "Elections this replica won (each one a takeover, the first start's included)."}),
+	}, nil
+}
+
+func etcdTLS(t config.EtcdTLS) (*tls.Config, error) {
+	if t == (config.EtcdTLS{}) {
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("ha.etcd.tls.ca_file: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ha.etcd.tls.ca_file %s: no certificate in it", t.CAFile)
+		}
+	}
+	if t.CertFile != "" {
+		c, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("ha.etcd.tls: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{c}
+	}
+	return tc, nil
+}
+
+func (r *replica) register(reg prometheus.Registerer) { reg.MustRegister(r.leader, r.elections) }
+
+func (r *replica) setRevision(rev int64) {
+	r.mu.Lock()
+	r.revision = max(r.revision, rev)
+	r.mu.Unlock()
+}
+
+// State is /narwhal/state's "ha".
+func (r *replica) State() admin.HAState {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	leader, _ := r.node.Leader(ctx)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	role := "standby"
+	if r.leading {
+		role = "leader"
+	}
+	return admin.HAState{Role: role, ID: r.id, Leader: leader, Revision: r.revision}
+}
+
+// load reads the state from etcd (nil without one).
+func (r *replica) load(ctx context.Context) (*state.File, error) {
+	data, rev, err := r.node.Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.setRevision(rev)
+	if data == nil {
+		return nil, nil
+	}
+	return state.Decode(data, "etcd "+r.prefix+"/state")
+}
+
+// save writes the state, fenced by this replica's leadership.
+func (r *replica) save(f *state.File) error {
+	data, err := state.Encode(f)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rev, err := r.node.Save(ctx, data)
+	if err == nil {
+		r.setRevision(rev)
+	}
+	return err
+}
+
+// follow applies every state the leader writes to the fleet (roles, lifecycles, pins, holds),
+// so that this standby's xDS serves the same roles, until ctx ends.
+func (r *replica) follow(ctx context.Context, f *fleet.Fleet, from int64) {
+	for data := range r.node.Watch(ctx, from) {
+		file, err := state.Decode(data, "etcd "+r.prefix+"/state")
+		if err != nil {
+			r.log.Error("standby: the leader's state does not decode", "err", err)
+			continue
+		}
+		engines, _ := file.Fleet()
+		if _, err := f.Restore(engines); err != nil {
+			r.log.Error("standby: the leader's state does not apply", "err", err)
+		}
+	}
+}
+
+// lead stands by until this replica wins the election, then takes the latest state and calls
+// start (the leader's loops). It returns when ctx ends; lost reports a leadership lost after
+// winning (the lease ended: another replica may lead now).
+func (r *replica) lead(ctx context.Context, f *fleet.Fleet, take func(*state.File), start func(), lost chan<- error) {
+	fctx, stopFollow := context.WithCancel(ctx)
+	r.mu.Lock()
+	from := r.revision
+	r.mu.Unlock()
+	go r.follow(fctx, f, from)
+	r.log.Info("ha: standing by", "id", r.id)
+	err := r.node.Campaign(ctx)
+	stopFollow()
+	if err != nil {
+		return // ctx ended
+	}
+	file, err := r.load(ctx)
+	if err != nil {
+		lost <- fmt.Errorf("ha: elected but the state does not load: %w", err)
+		return
+	}
+	take(file)
+	r.mu.Lock()
+	r.leading = true
+	r.mu.Unlock()
+	r.leader.Set(1)
+	r.elections.Inc()
+	r.log.Info("ha: leading", "id", r.id, "state_revision", r.revision)
+	start()
+	select {
+	case <-r.node.Lost():
+		lost <- errors.New("ha: the leadership was lost (the etcd lease ended); exiting so that this replica restarts as a standby")
+	case <-ctx.Done():
+	}
+}
+
+// resign hands the leadership over (a standby takes over at once) and closes the session.
+func (r *replica) resign() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r.mu.Lock()
+	leading := r.leading
+	r.leading = false
+	r.mu.Unlock()
+	if leading {
+		if err := r.node.Resign(ctx); err != nil {
+			r.log.Warn("ha: resign", "err", err)
+		}
+		r.leader.Set(0)
+	}
+	_ = r.node.Close()
+}
