@@ -7,7 +7,7 @@ LDFLAGS     := -s -w -X main.version=$(VERSION)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 TEST_FLAGS  ?= -race -count=1 -timeout=30m
 
-.PHONY: all build run test lint fmt vet staticcheck bench bench-sim fuzz check-long clean
+.PHONY: all build run test lint fmt vet staticcheck bench bench-sim bench-ha fuzz check-long clean
 
 all: build
 
@@ -59,6 +59,10 @@ check-long:
 # shared trace and synthetic kind on 8 engines, every policy side by side (about 15 minutes).
 bench-sim:
 	$(GO) run ./scripts/benchsim -root .
+
+# Takeover figures of docs/benchmarks.md: 20 kills and 20 SIGTERMs of the leader on a real etcd.
+bench-ha:
+	NARWHAL_HA_ROUNDS=20 $(GO) test -count=1 -run='^TestHATakeoverFigures$$' -v ./cmd/narwhal
 
 clean:
 	rm -rf $(BIN)

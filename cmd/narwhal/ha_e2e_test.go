@@ -3,6 +3,10 @@ package main
 import (
 	"fmt"
 	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -106,5 +110,72 @@ func TestServeHATakeover(t *testing.T) {
 	t.Logf("takeover after SIGTERM: %v (from the signal, the drain included)", time.Since(stopped))
 	if r := role(c); r != "leader" {
 		t.Fatalf("c is %s", r)
+	}
+}
+
+// TestHATakeoverFigures measures takeovers for docs/benchmarks.md (make bench-ha): with
+// NARWHAL_HA_ROUNDS=N, N kills of the leader and N SIGTERMs, each followed by the time until the
+// standby reports itself leader on /narwhal/state; it prints p50 and max. Without the variable
+// it runs one round of each, as a check that the loop works.
+func TestHATakeoverFigures(t *testing.T) {
+	rounds := 1
+	if n, err := strconv.Atoi(os.Getenv("NARWHAL_HA_ROUNDS")); err == nil && n > 0 {
+		rounds = n
+	}
+	etcd := etcdtest.Start(t)
+	_, engines := startEngines(t, "prefill", "decode")
+	const ttl = 2
+	cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines)+
+		fmt.Sprintf("ha: {etcd: {endpoints: [%q], prefix: /narwhal-figures}, lease_ttl_s: %d}\n", etcd.Endpoints[0], ttl))
+	type rep struct {
+		p     *proc
+		admin string
+	}
+	startRep := func(want string) rep {
+		p := start(t, "serve", "--config", cfg)
+		a, _, _ := p.serving(t)
+		waitFor(t, a, 10*time.Second, "a "+want, func(s stateView) bool { return s.HA.Role == want })
+		return rep{p, a}
+	}
+	leads := func(r rep) {
+		t.Helper()
+		deadline := time.Now().Add(5 * ttl * time.Second)
+		for time.Now().Before(deadline) {
+			if st, err := getState(r.admin); err == nil && st.HA.Role == "leader" {
+				return
+			}
+			time.Sleep(5 * time.Millisecond) // polling another process's state; the figure's resolution
+		}
+		t.Fatal("no takeover")
+	}
+	leader, standby := startRep("leader"), startRep("standby")
+	var kills, terms []time.Duration
+	for i := 0; i < 2*rounds; i++ {
+		begin := time.Now()
+		if i%2 == 0 {
+			_ = leader.p.cmd.Process.Kill()
+			_ = leader.p.cmd.Wait()
+		} else {
+			_ = leader.p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+		leads(standby)
+		took := time.Since(begin)
+		if i%2 == 0 {
+			kills = append(kills, took)
+		} else {
+			terms = append(terms, took)
+			_ = leader.p.cmd.Wait()
+		}
+		leader, standby = standby, startRep("standby")
+	}
+	q := func(d []time.Duration) (time.Duration, time.Duration) {
+		slices.Sort(d)
+		return d[len(d)/2], d[len(d)-1]
+	}
+	kp, km := q(kills)
+	tp, tm := q(terms)
+	t.Logf("lease %d s, %d rounds: after a kill p50 %v max %v; after SIGTERM p50 %v max %v", ttl, rounds, kp, km, tp, tm)
+	if tm > 2*time.Second {
+		t.Errorf("a SIGTERM takeover took %v", tm)
 	}
 }
