@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -177,5 +178,43 @@ func TestHATakeoverFigures(t *testing.T) {
 	t.Logf("lease %d s, %d rounds: after a kill p50 %v max %v; after SIGTERM p50 %v max %v", ttl, rounds, kp, km, tp, tm)
 	if tm > 2*time.Second {
 		t.Errorf("a SIGTERM takeover took %v", tm)
+	}
+}
+
+// Issue 11, fencing: a leader paused past its lease (SIGSTOP) is replaced; when it resumes
+// (SIGCONT) it cannot act as leader — its lease is gone, and a write would be fenced off — so it
+// exits at once with one line saying so, while the new leader keeps leading.
+func TestServeHAPausedLeaderStepsDown(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	_, engines := startEngines(t, "prefill", "decode")
+	const ttl = 1
+	cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines)+
+		fmt.Sprintf("ha: {etcd: {endpoints: [%q], prefix: /narwhal-pause}, lease_ttl_s: %d}\n", etcd.Endpoints[0], ttl))
+	a := start(t, "serve", "--config", cfg)
+	aAdmin, _, _ := a.serving(t)
+	waitFor(t, aAdmin, 10*time.Second, "a leads", func(s stateView) bool { return s.HA.Role == "leader" })
+	b := start(t, "serve", "--config", cfg)
+	bAdmin, _, _ := b.serving(t)
+	waitFor(t, bAdmin, 10*time.Second, "b stands by", func(s stateView) bool { return s.HA.Role == "standby" })
+
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, bAdmin, 10*time.Second, "b leads while a is paused", func(s stateView) bool { return s.HA.Role == "leader" })
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan int, 1)
+	go func() { _ = a.cmd.Wait(); exited <- a.cmd.ProcessState.ExitCode() }()
+	select {
+	case code := <-exited:
+		if code != 1 || !strings.Contains(a.out.String(), "exiting so that this replica restarts as a standby") {
+			t.Fatalf("the resumed leader exited %d:\n%s", code, a.out.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the resumed leader did not step down")
+	}
+	if st, err := getState(bAdmin); err != nil || st.HA.Role != "leader" || st.HA.Leader != st.HA.ID {
+		t.Fatalf("b after a resumed: %+v %v", st.HA, err)
 	}
 }
