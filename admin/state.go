@@ -35,6 +35,9 @@ type HAState struct {
 	ID       string `json:"id"`       // this replica
 	Leader   string `json:"leader"`   // the leader's id ("" while there is none)
 	Revision int64  `json:"revision"` // the etcd revision of the state this replica last wrote or read
+	// StateError is why the last state write failed (etcd unreachable, say), "" after a good one:
+	// while it is set the leader keeps routing with the roles it has and applies no role move.
+	StateError string `json:"state_error,omitempty"`
 }
 
 // SizingState is the running error of local prompt sizing for one model, measured against the

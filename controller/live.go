@@ -45,6 +45,7 @@ type Live struct {
 	log      *slog.Logger
 	observer Observer
 	dlog     *Log
+	persist  func(d *Decision, c Durable) error
 
 	triggers chan router.Trigger // handed over without waiting for an evaluation under way
 
@@ -62,6 +63,11 @@ type LiveOptions struct {
 	Logger   *slog.Logger
 	Observer Observer
 	Log      *Log // the decision log; nil writes none
+	// Persist, when set, must make a decision's moves durable before they are applied: it gets
+	// the decision and the controller's durable state after it, and an error keeps the moves
+	// from being applied (the decision is recorded blocked, saying why). Replicas on etcd use it:
+	// no role move they cannot persist.
+	Persist func(d *Decision, c Durable) error
 }
 
 // NewLive wraps c.
@@ -69,7 +75,7 @@ func NewLive(c *Controller, o LiveOptions) *Live {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Live{c: c, fleet: o.Fleet, router: o.Router, log: o.Logger, observer: o.Observer, dlog: o.Log,
+	return &Live{c: c, fleet: o.Fleet, router: o.Router, log: o.Logger, observer: o.Observer, dlog: o.Log, persist: o.Persist,
 		kick: make(chan struct{}, 1), triggers: make(chan router.Trigger, 1024)}
 }
 
@@ -208,8 +214,19 @@ func (l *Live) publish(d *Decision, took time.Duration) {
 	}
 }
 
-// apply makes a decision's moves in the fleet at the decision's time; l.mu is held.
+// apply makes a decision's moves in the fleet at the decision's time, once Persist (if any)
+// has made them durable; l.mu is held.
 func (l *Live) apply(d *Decision, now time.Time) {
+	if len(d.Moves) > 0 && l.persist != nil {
+		if err := l.persist(d, l.c.Durable()); err != nil {
+			l.log.Warn("role move not applied: its state could not be written", "decision", d.Seq, "err", err)
+			d.Reason += fmt.Sprintf("; not applied: the state could not be written (%v)", err)
+			d.Moves, d.SplitAfter = nil, d.SplitBefore
+			if d.Outcome == OutcomeMoved {
+				d.Outcome = OutcomeBlocked
+			}
+		}
+	}
 	ApplyDecision(l.fleet, livePreparer{l.router}, d, now, l.log)
 }
 

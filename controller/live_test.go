@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -30,11 +32,21 @@ func jsonLines(t *testing.T, b *logbuf.Buffer) []map[string]any {
 	return out
 }
 
-// The live wrapper in real time: an urgent trigger from the live router leads to one
-// evaluation after urgent_delay_s that moves a decode engine to prefill in the fleet; the
-// router follows the fleet and places the waiting request on it; the decision log has the
-// config, the snapshot, the role event naming its decision, and the decision.
-func TestLiveUrgentMove(t *testing.T) {
+// urgentFixture is a live controller, router and fleet (e1 prefill, e2 and e3 decode, one prefill
+// slot each) with a fast urgent path, running until the test ends; persist is LiveOptions.Persist.
+type urgentFixture struct {
+	f       *fleet.Fleet
+	rl      *router.Live
+	roles   *Live
+	buf     *logbuf.Buffer
+	decided chan Decision
+	changed <-chan struct{}
+	ctx     context.Context
+	wg      *sync.WaitGroup
+}
+
+func newUrgentFixture(t *testing.T, persist func(*Decision, Durable) error) *urgentFixture {
+	t.Helper()
 	cfg := config.Default()
 	cfg.Controller.Reactive.UrgentDelayS = 0.05
 	cfg.Controller.Reactive.EvidenceSpanS = 0.01
@@ -52,26 +64,34 @@ func TestLiveUrgentMove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var buf logbuf.Buffer
-	dlog := NewLog(&buf, start, cfg, f.Snapshot())
+	fx := &urgentFixture{f: f, buf: &logbuf.Buffer{}, decided: make(chan Decision, 16), wg: &sync.WaitGroup{}}
+	dlog := NewLog(fx.buf, start, cfg, f.Snapshot())
 	f.OnChange(dlog.Fleet)
-	var roles *Live
-	rl := router.NewLive(router.New(cfg, f.Snapshot(), start), time.Now, router.Hooks{Trigger: func(tr router.Trigger) { roles.Trigger(tr) }})
-	decided := make(chan Decision, 16)
-	roles = NewLive(New(cfg, start), LiveOptions{Fleet: f, Router: rl, Log: dlog, Observer: observerFunc(func(d *Decision) {
+	fx.rl = router.NewLive(router.New(cfg, f.Snapshot(), start), time.Now, router.Hooks{Trigger: func(tr router.Trigger) { fx.roles.Trigger(tr) }})
+	fx.roles = NewLive(New(cfg, start), LiveOptions{Fleet: f, Router: fx.rl, Log: dlog, Persist: persist, Observer: observerFunc(func(d *Decision) {
 		select {
-		case decided <- *d:
+		case fx.decided <- *d:
 		default:
 		}
 	})})
-	changed, unsubscribe := f.Subscribe()
-	defer unsubscribe()
+	var unsubscribe func()
+	fx.changed, unsubscribe = f.Subscribe()
 	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = rl.Run(ctx) })
-	wg.Go(func() { rl.Follow(ctx, f) })
-	wg.Go(func() { _ = roles.Run(ctx) })
-	defer func() { cancel(); wg.Wait() }()
+	fx.ctx = ctx
+	fx.wg.Go(func() { _ = fx.rl.Run(ctx) })
+	fx.wg.Go(func() { fx.rl.Follow(ctx, f) })
+	fx.wg.Go(func() { _ = fx.roles.Run(ctx) })
+	t.Cleanup(func() { cancel(); fx.wg.Wait(); unsubscribe() })
+	return fx
+}
+
+// The live wrapper in real time: an urgent trigger from the live router leads to one
+// evaluation after urgent_delay_s that moves a decode engine to prefill in the fleet; the
+// router follows the fleet and places the waiting request on it; the decision log has the
+// config, the snapshot, the role event naming its decision, and the decision.
+func TestLiveUrgentMove(t *testing.T) {
+	fx := newUrgentFixture(t, nil)
+	f, rl, roles, buf, decided, changed, ctx, wg := fx.f, fx.rl, fx.roles, fx.buf, fx.decided, fx.changed, fx.ctx, fx.wg
 
 	first, err := rl.Offer(ctx, router.Offer{ID: "a", PromptTokens: 16000, MaxTokens: 10})
 	if err != nil || first.Status != router.Dispatched {
@@ -114,7 +134,7 @@ func TestLiveUrgentMove(t *testing.T) {
 	if r := roles.Recent(); r[len(r)-1].Seq != seq {
 		t.Fatalf("recent %+v", r)
 	}
-	lines := jsonLines(t, &buf)
+	lines := jsonLines(t, buf)
 	if len(lines) < 4 || lines[0]["kind"] != "config" || lines[1]["event"] != "snapshot" {
 		t.Fatalf("log starts %v", lines)
 	}
@@ -152,5 +172,57 @@ func TestRatioJSON(t *testing.T) {
 				t.Fatalf("%s back: %v %v", b, back, err)
 			}
 		}
+	}
+}
+
+// Issue 11: a move whose state cannot be written (etcd unavailable) is not applied — the
+// engine keeps its role, the decision is recorded blocked saying why — and the router keeps
+// placing with the roles it has. Persist gets the decision with its moves before the fleet
+// changes.
+func TestLiveMoveNotPersistedIsNotApplied(t *testing.T) {
+	var asked []Move
+	fx := newUrgentFixture(t, func(d *Decision, c Durable) error {
+		asked = append(asked, d.Moves...)
+		if c.Seq != d.Seq {
+			t.Errorf("Persist got controller seq %d for decision %d", c.Seq, d.Seq)
+		}
+		return errors.New("etcd: context deadline exceeded")
+	})
+	first, err := fx.rl.Offer(fx.ctx, router.Offer{ID: "a", PromptTokens: 16000, MaxTokens: 10})
+	if err != nil || first.Status != router.Dispatched {
+		t.Fatalf("a: %+v %v", first, err)
+	}
+	placed := make(chan router.Outcome, 1)
+	fx.wg.Go(func() {
+		out, _ := fx.rl.Offer(fx.ctx, router.Offer{ID: "b", PromptTokens: 16000, MaxTokens: 10})
+		placed <- out
+	})
+	deadline := time.After(10 * time.Second)
+	var d Decision
+	for d.Caller != CallerUrgent || !strings.Contains(d.Reason, "not applied") {
+		select {
+		case d = <-fx.decided:
+		case <-deadline:
+			t.Fatalf("no unapplied urgent move; decisions %+v", fx.roles.Recent())
+		}
+	}
+	if d.Outcome != OutcomeBlocked || len(d.Moves) != 0 || d.SplitAfter != d.SplitBefore {
+		t.Fatalf("decision %+v", d)
+	}
+	if len(asked) == 0 || asked[0].Engine != "e3" || asked[0].To != "prefill" {
+		t.Fatalf("Persist was asked %+v", asked)
+	}
+	if e, _ := fx.f.Engine("e3"); e.Role != fleet.Decode {
+		t.Fatalf("e3 moved anyway: %+v", e)
+	}
+	_ = fx.rl.FirstToken(first.Handle)
+	_ = fx.rl.Complete(first.Handle, 10)
+	select { // b is placed on the roles Narwhal has: e1 prefills it once a is done
+	case out := <-placed:
+		if out.Status != router.Dispatched || out.Placement.Prefill != "e1" {
+			t.Fatalf("b: %+v", out)
+		}
+	case <-deadline:
+		t.Fatal("b was not placed")
 	}
 }

@@ -15,8 +15,10 @@ import (
 
 	"github.com/narwhal-llm/narwhal/admin"
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/controller"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/ha"
+	"github.com/narwhal-llm/narwhal/router"
 	"github.com/narwhal-llm/narwhal/state"
 )
 
@@ -30,6 +32,7 @@ type replica struct {
 	mu       sync.Mutex
 	leading  bool
 	revision int64
+	lastErr  error // of the last state write
 
 	leader    prometheus.Gauge
 	elections prometheus.Counter
@@ -100,7 +103,11 @@ func (r *replica) State() admin.HAState {
 	if r.leading {
 		role = "leader"
 	}
-	return admin.HAState{Role: role, ID: r.id, Leader: leader, Revision: r.revision}
+	h := admin.HAState{Role: role, ID: r.id, Leader: leader, Revision: r.revision}
+	if r.lastErr != nil {
+		h.StateError = r.lastErr.Error()
+	}
+	return h
 }
 
 // load reads the state from etcd (nil without one).
@@ -125,10 +132,34 @@ func (r *replica) save(f *state.File) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rev, err := r.node.Save(ctx, data)
+	r.mu.Lock()
+	r.lastErr = err
+	r.mu.Unlock()
 	if err == nil {
 		r.setRevision(rev)
 	}
 	return err
+}
+
+// persistMoves is the controller's Persist for a replica: the state with the decision's moves
+// already made, written (fenced) before the fleet applies them.
+func (r *replica) persistMoves(f *fleet.Fleet, loads func() []router.EngineLoad) func(*controller.Decision, controller.Durable) error {
+	return func(d *controller.Decision, c controller.Durable) error {
+		now := time.Now()
+		snap := f.Snapshot()
+		for _, m := range d.Moves {
+			role, err := fleet.ParseRole(m.To)
+			if err != nil {
+				return err
+			}
+			for i := range snap.Engines {
+				if e := &snap.Engines[i]; e.ID == m.Engine {
+					e.Role, e.RoleSince, e.Moved = role, now, true
+				}
+			}
+		}
+		return r.save(state.Capture(snap, c, loads(), now))
+	}
 }
 
 // follow applies every state the leader writes to the fleet (roles, lifecycles, pins, holds),
