@@ -218,3 +218,51 @@ func TestServeHAPausedLeaderStepsDown(t *testing.T) {
 		t.Fatalf("b after a resumed: %+v %v", st.HA, err)
 	}
 }
+
+// Issue 11, etcd unavailable: the leader keeps routing with the roles it has (its ext_proc
+// health stays SERVING, /narwhal/state answers as leader), its state writes fail — so it makes
+// no role move — and /narwhal/state says why; it does not exit while etcd is gone.
+func TestServeHAEtcdDown(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	_, engines := startEngines(t, "prefill", "decode")
+	const ttl = 1
+	cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines)+
+		fmt.Sprintf("ha: {etcd: {endpoints: [%q], prefix: /narwhal-down}, lease_ttl_s: %d}\n", etcd.Endpoints[0], ttl))
+	a := start(t, "serve", "--config", cfg)
+	admin, _, _ := a.serving(t)
+	waitFor(t, admin, 10*time.Second, "a leads, both engines active", func(s stateView) bool { return s.HA.Role == "leader" && allActive(2)(s) })
+	etcd.Stop()
+	if code, err := httpPost("http://" + admin + "/narwhal/engines/e2/drain"); err != nil || code != 200 {
+		t.Fatalf("drain: %d %v", code, err)
+	}
+	var last stateView
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		raw, err := http.Get("http://" + admin + "/narwhal/state")
+		if err == nil {
+			var st struct {
+				HA struct {
+					Role       string `json:"role"`
+					StateError string `json:"state_error"`
+				} `json:"ha"`
+			}
+			_ = jsonDecode(raw.Body, &st)
+			raw.Body.Close()
+			if st.HA.Role == "leader" && st.HA.StateError != "" {
+				last, _ = getState(admin)
+				break
+			}
+		}
+		time.Sleep(20 * time.Millisecond) // polling another process's state
+	}
+	if last.HA.Role != "leader" {
+		t.Fatalf("no state error reported by a leader with etcd down:\n%s", a.out.String())
+	}
+	time.Sleep(3 * ttl * time.Second) // past the lease: the leader must still be there (a bound, not a synchronisation)
+	if a.cmd.ProcessState != nil {
+		t.Fatalf("the leader exited with etcd down:\n%s", a.out.String())
+	}
+	if code := readyz(admin); code != 200 {
+		t.Fatalf("the leader's /readyz with etcd down: %d", code)
+	}
+}

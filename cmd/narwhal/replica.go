@@ -123,13 +123,17 @@ func (r *replica) load(ctx context.Context) (*state.File, error) {
 	return state.Decode(data, "etcd "+r.prefix+"/state")
 }
 
+// saveTimeout bounds one state write to etcd: a role move waits for its write (under the
+// controller's lock), so an unreachable etcd must fail it quickly.
+const saveTimeout = 2 * time.Second
+
 // save writes the state, fenced by this replica's leadership.
 func (r *replica) save(f *state.File) error {
 	data, err := state.Encode(f)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), saveTimeout)
 	defer cancel()
 	rev, err := r.node.Save(ctx, data)
 	r.mu.Lock()
@@ -208,8 +212,33 @@ func (r *replica) lead(ctx context.Context, f *fleet.Fleet, take func(*state.Fil
 	start()
 	select {
 	case <-r.node.Lost():
-		lost <- errors.New("ha: the leadership was lost (the etcd lease ended); exiting so that this replica restarts as a standby")
 	case <-ctx.Done():
+		return
+	}
+	// The lease ended. If etcd answers, another replica may lead now: step down (exit, so that
+	// the supervisor restarts this one as a standby). If etcd does not answer, no replica can
+	// take over either: keep routing with the roles this one has — its state writes fail, so
+	// it makes no role move — and say so, until etcd answers again.
+	for {
+		qctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := r.node.Leader(qctx)
+		cancel()
+		if err == nil {
+			lost <- errors.New("ha: the leadership was lost (the etcd lease ended); exiting so that this replica restarts as a standby")
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		r.mu.Lock()
+		r.lastErr = fmt.Errorf("etcd unreachable, the lease lost: routing with the roles held, no role moves (%v)", err)
+		r.mu.Unlock()
+		r.log.Warn("ha: etcd unreachable after the lease ended: keeping the roles, making no role move", "err", err)
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 

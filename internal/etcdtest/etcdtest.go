@@ -5,6 +5,7 @@ package etcdtest
 
 import (
 	"net/url"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,7 +17,11 @@ import (
 type Server struct {
 	Etcd      *embed.Etcd
 	Endpoints []string // its client URLs
+	stop      sync.Once
 }
+
+// Stop stops the server (etcd unavailable, for a test of that); the test's end stops it too.
+func (s *Server) Stop() { s.stop.Do(s.Etcd.Close) }
 
 // Start starts an etcd server for t.
 func Start(t testing.TB) *Server {
@@ -32,7 +37,6 @@ func Start(t testing.TB) *Server {
 	if err != nil {
 		t.Fatalf("etcdtest: start: %v", err)
 	}
-	t.Cleanup(e.Close)
 	select {
 	case <-e.Server.ReadyNotify():
 	case <-time.After(30 * time.Second):
@@ -40,6 +44,7 @@ func Start(t testing.TB) *Server {
 		t.Fatal("etcdtest: the server did not become ready in 30 s")
 	}
 	s := &Server{Etcd: e}
+	t.Cleanup(s.Stop)
 	for _, l := range e.Clients {
 		s.Endpoints = append(s.Endpoints, "http://"+l.Addr().String())
 	}
