@@ -10,6 +10,8 @@ RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}"
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/narwhal /narwhal
 USER 65532:65532
+# The durable state (state.dir "" = ./narwhal-state) goes under the non-root user's home.
+WORKDIR /home/nonroot
 EXPOSE 9002 18000 9090
 ENTRYPOINT ["/narwhal"]
 CMD ["serve", "--config", "/etc/narwhal/config.yaml"]

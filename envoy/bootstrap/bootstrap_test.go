@@ -45,14 +45,22 @@ func defaultConfig(t testing.TB) *config.Config {
 	return cfg
 }
 
-func composeConfig(t testing.TB) *config.Config {
+func composeConfig(t testing.TB) *config.Config { return loadExample(t, "narwhal-compose.yaml") }
+
+// haComposeConfig is the replicas' config of examples/docker-compose-ha.yaml.
+func haComposeConfig(t testing.TB) *config.Config { return loadExample(t, "narwhal-ha-compose.yaml") }
+
+func loadExample(t testing.TB, name string) *config.Config {
 	t.Helper()
-	cfg, err := config.LoadFile(filepath.Join(examplesDir, "narwhal-compose.yaml"))
+	cfg, err := config.LoadFile(filepath.Join(examplesDir, name))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return cfg
 }
+
+// haComposeOptions are the options of examples/envoy/envoy-ha-compose.yaml: two replicas.
+var haComposeOptions = bootstrap.Options{NarwhalHosts: []string{"narwhal-a", "narwhal-b"}, Admin: "0.0.0.0:9901"}
 
 // composeOptions are the options of examples/envoy/envoy-compose.yaml: Narwhal is the compose
 // service "narwhal", and Envoy's admin is published on the host.
@@ -73,11 +81,12 @@ func generated(t testing.TB) []struct {
 		{"envoy/envoy.yaml", defaultConfig(t), bootstrap.Options{}},
 		{"envoy/envoy-full-duplex.yaml", defaultConfig(t), bootstrap.Options{BodyMode: bootstrap.BodyFullDuplex}},
 		{"envoy/envoy-compose.yaml", composeConfig(t), composeOptions},
+		{"envoy/envoy-ha-compose.yaml", haComposeConfig(t), haComposeOptions},
 	}
 }
 
 // TestExamplesGenerated regenerates every example Envoy config and compares it byte for byte
-// (go test ./envoy -run TestExamplesGenerated -update rewrites them).
+// (go test ./envoy/bootstrap -run TestExamplesGenerated -update rewrites them).
 func TestExamplesGenerated(t *testing.T) {
 	for _, g := range generated(t) {
 		t.Run(g.file, func(t *testing.T) {
@@ -94,10 +103,10 @@ func TestExamplesGenerated(t *testing.T) {
 			}
 			want, err := os.ReadFile(path)
 			if err != nil {
-				t.Fatalf("%v (run go test ./envoy -run TestExamplesGenerated -update)", err)
+				t.Fatalf("%v (run go test ./envoy/bootstrap -run TestExamplesGenerated -update)", err)
 			}
 			if !bytes.Equal(out, want) {
-				t.Errorf("%s is not what Bootstrap generates; run go test ./envoy -run TestExamplesGenerated -update\n%s", path, firstDiff(string(want), string(out)))
+				t.Errorf("%s is not what Bootstrap generates; run go test ./envoy/bootstrap -run TestExamplesGenerated -update\n%s", path, firstDiff(string(want), string(out)))
 			}
 		})
 	}
@@ -151,12 +160,14 @@ func TestExamplesValidate(t *testing.T) {
 			for _, p := range bootstrap.Validate(data, nil) {
 				t.Errorf("%s (no Narwhal config): line %d: %s", rel, p.Line, p)
 			}
-		case rel == "narwhal-compose.yaml", strings.HasPrefix(rel, "sim/"): // Narwhal configs
+		case rel == "narwhal-compose.yaml", rel == "narwhal-ha-compose.yaml", strings.HasPrefix(rel, "sim/"): // Narwhal configs
 			if _, err := config.Load(data); err != nil {
 				t.Errorf("%s: %v", rel, err)
 			}
 		case rel == "docker-compose.yaml":
 			checkCompose(t, data)
+		case rel == "docker-compose-ha.yaml":
+			checkHACompose(t, data)
 		default:
 			t.Errorf("%s: a YAML file the test does not know", rel)
 		}
@@ -399,5 +410,38 @@ func TestBootstrapErrors(t *testing.T) {
 	}
 	if _, err := bootstrap.Generate(long, bootstrap.Options{BodyMode: bootstrap.BodyFullDuplex}); err != nil {
 		t.Errorf("max_wait_s 4000 in full duplex: %v", err)
+	}
+}
+
+// checkHACompose checks examples/docker-compose-ha.yaml: etcd, two replicas mounting the HA
+// config (whose ha.etcd.endpoints name the etcd service), the engines of that config, and Envoy
+// mounting the bootstrap generated for both replicas.
+func checkHACompose(t *testing.T, data []byte) {
+	t.Helper()
+	var cf composeFile
+	if err := yaml.Unmarshal(data, &cf); err != nil {
+		t.Fatalf("docker-compose-ha.yaml: %v", err)
+	}
+	cfg := haComposeConfig(t)
+	mounts := func(svc, src, target string) {
+		if !slices.Contains(cf.Services[svc].Volumes, src+":"+target+":ro") {
+			t.Errorf("docker-compose-ha.yaml: services.%s does not mount %s at %s (volumes %v)", svc, src, target, cf.Services[svc].Volumes)
+		}
+		if _, err := os.Stat(filepath.Join(examplesDir, src)); err != nil {
+			t.Errorf("docker-compose-ha.yaml: %s does not exist", src)
+		}
+	}
+	if _, ok := cf.Services["etcd"]; !ok || !slices.Contains(cfg.HA.Etcd.Endpoints, "http://etcd:2379") {
+		t.Errorf("docker-compose-ha.yaml: no etcd service, or the config's ha.etcd.endpoints %v do not name it", cfg.HA.Etcd.Endpoints)
+	}
+	for _, host := range haComposeOptions.NarwhalHosts {
+		mounts(host, "./narwhal-ha-compose.yaml", "/etc/narwhal/config.yaml")
+	}
+	mounts("envoy", "./envoy/envoy-ha-compose.yaml", "/etc/envoy/envoy.yaml")
+	for _, e := range cfg.Engines {
+		host := e.Address[:strings.LastIndexByte(e.Address, ':')]
+		if _, ok := cf.Services[host]; !ok {
+			t.Errorf("docker-compose-ha.yaml: no service %s for engine %s", host, e.ID)
+		}
 	}
 }
