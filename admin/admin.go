@@ -134,6 +134,9 @@ func (s *Server) advise(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnauthorized, "unauthorized", "this call needs Authorization: Bearer <admin.token>")
 		return
 	}
+	if s.standby(w) {
+		return
+	}
 	if s.o.Controller == nil {
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "the role controller is not running")
 		return
@@ -169,6 +172,9 @@ func (s *Server) engineAction(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusUnauthorized, "unauthorized", "this call needs Authorization: Bearer <admin.token>")
 		return
 	}
+	if s.standby(w) {
+		return
+	}
 	id, action := r.PathValue("id"), r.PathValue("action")
 	now := s.o.Now()
 	var (
@@ -199,6 +205,22 @@ func (s *Server) engineAction(w http.ResponseWriter, r *http.Request) {
 		s.o.Logger.Info("admin", "action", action, "engine", id, "remote", r.RemoteAddr)
 		writeJSON(w, http.StatusOK, engineState(&e))
 	}
+}
+
+// standby answers a call that changes the fleet or asks the controller 503 not_leader on a
+// replica that stands by (its view follows the leader's state, which would overwrite the
+// change), naming the leader; it reports whether it answered.
+func (s *Server) standby(w http.ResponseWriter) bool {
+	if s.o.HA == nil {
+		return false
+	}
+	h := s.o.HA()
+	if h.Role == "leader" {
+		return false
+	}
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusServiceUnavailable, "not_leader", "this replica ("+h.ID+") stands by; send the call to the leader, "+quote(h.Leader))
+	return true
 }
 
 // authorized checks the bearer token in constant time; with no token configured every call is.

@@ -271,3 +271,34 @@ func TestMetricsParse(t *testing.T) {
 		t.Error("no Go runtime metrics")
 	}
 }
+
+// Issue 11: a standby answers the calls that change the fleet or ask the controller 503
+// not_leader, naming the leader, and changes nothing; it still serves the state with its ha
+// section. The leader takes them.
+func TestStandbyRefusesChanges(t *testing.T) {
+	fx := newFixture(t, "")
+	role := "standby"
+	o := fx.admin.o
+	o.HA = func() HAState { return HAState{Role: role, ID: "b", Leader: "a", Revision: 7} }
+	a := New(o)
+	srv := httptest.NewServer(a)
+	defer srv.Close()
+	fx.srv = srv
+	code, body := fx.do(t, "POST", "/narwhal/engines/e3/drain", "")
+	if code != 503 || !strings.Contains(body, `"not_leader"`) || !strings.Contains(body, `\"a\"`) {
+		t.Fatalf("drain on a standby: %d %s", code, body)
+	}
+	if e, _ := fx.fleet.Engine("e3"); e.Lifecycle != fleet.Active {
+		t.Fatalf("the standby drained e3: %+v", e)
+	}
+	if code, body := fx.do(t, "POST", "/narwhal/advise", ""); code != 503 || !strings.Contains(body, "not_leader") {
+		t.Fatalf("advise on a standby: %d %s", code, body)
+	}
+	if st := fx.state(t); st.HA == nil || st.HA.Role != "standby" || st.HA.Leader != "a" || st.HA.Revision != 7 {
+		t.Fatalf("state ha %+v", st.HA)
+	}
+	role = "leader"
+	if code, body := fx.do(t, "POST", "/narwhal/engines/e3/drain", ""); code != 200 {
+		t.Fatalf("drain on the leader: %d %s", code, body)
+	}
+}
