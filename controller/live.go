@@ -303,12 +303,22 @@ type Log struct {
 func NewLog(w io.Writer, epoch time.Time, cfg *config.Config, snap fleet.Snapshot) *Log {
 	l := &Log{w: w, enc: json.NewEncoder(w), epoch: epoch}
 	l.write(map[string]any{"kind": "config", "time_s": 0.0, "controller": cfg.Controller, "slo": cfg.SLO})
+	l.Snapshot(epoch, snap)
+	return l
+}
+
+// Snapshot logs the whole fleet at now (a `fleet` `snapshot` line): the log's start, and again
+// whenever the fleet changed without events, as when a replica takes over and restores the
+// state the last leader wrote. A reader (narwhal audit) takes the engines from it afresh.
+func (l *Log) Snapshot(now time.Time, snap fleet.Snapshot) {
+	if l == nil {
+		return
+	}
 	engines := make([]map[string]any, 0, len(snap.Engines))
 	for _, e := range snap.Engines {
 		engines = append(engines, map[string]any{"id": e.ID, "role": e.Role.String(), "lifecycle": e.Lifecycle.String(), "pinned": e.Pinned})
 	}
-	l.write(map[string]any{"kind": "fleet", "time_s": 0.0, "event": "snapshot", "engines": engines})
-	return l
+	l.write(map[string]any{"kind": "fleet", "time_s": now.Sub(l.epoch).Seconds(), "event": "snapshot", "engines": engines})
 }
 
 // Fleet logs one fleet event (fleet.Fleet.OnChange). Address changes are left out.

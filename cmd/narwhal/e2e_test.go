@@ -148,6 +148,9 @@ type stateView struct {
 		Role, ID, Leader string
 		Revision         int64
 	} `json:"ha"`
+	Decisions []struct {
+		Seq uint64 `json:"seq"`
+	} `json:"decisions"`
 }
 
 func getState(admin string) (stateView, error) {

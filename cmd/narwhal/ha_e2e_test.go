@@ -1,9 +1,11 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,7 +52,8 @@ func haFleet(t *testing.T, ttl int, prefix string, roles ...string) (*etcdtest.S
 	etcd := etcdtest.Start(t)
 	_, engines := startEngines(t, roles...)
 	return etcd, writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines)+
-		fmt.Sprintf("ha: {etcd: {endpoints: [%q], prefix: %s}, lease_ttl_s: %d}\n", etcd.Endpoints[0], prefix, ttl))
+		fmt.Sprintf("ha: {etcd: {endpoints: [%q], prefix: %s}, lease_ttl_s: %d}\n", etcd.Endpoints[0], prefix, ttl)+
+		"controller: {reactive: {step_s: 0.2, urgent_delay_s: 0.05}}\n") // regular passes often: decisions to log and audit
 }
 
 // replicaProc is one narwhal serve replica and its admin address.
@@ -59,10 +62,11 @@ type replicaProc struct {
 	admin string
 }
 
-// startReplica starts a replica on cfg and waits until it reports role (leader or standby).
-func startReplica(t *testing.T, cfg, role string) replicaProc {
+// startReplica starts a replica on cfg and waits until it reports role (leader or standby);
+// extra are more serve flags.
+func startReplica(t *testing.T, cfg, role string, extra ...string) replicaProc {
 	t.Helper()
-	p := start(t, "serve", "--config", cfg)
+	p := start(t, append([]string{"serve", "--config", cfg}, extra...)...)
 	a, _, _ := p.serving(t)
 	waitFor(t, a, 10*time.Second, "a "+role, func(s stateView) bool { return s.HA.Role == role })
 	return replicaProc{p, a}
@@ -75,8 +79,10 @@ func startReplica(t *testing.T, cfg, role string) replicaProc {
 func TestServeHATakeover(t *testing.T) {
 	const ttl = 2
 	_, cfg := haFleet(t, ttl, "/narwhal-e2e", "prefill", "prefill", "decode", "decode")
-	a := startReplica(t, cfg, "leader")
-	b := startReplica(t, cfg, "standby")
+	logs := t.TempDir()
+	aLog, bLog := filepath.Join(logs, "a.jsonl"), filepath.Join(logs, "b.jsonl")
+	a := startReplica(t, cfg, "leader", "--decisions", aLog)
+	b := startReplica(t, cfg, "standby", "--decisions", bLog)
 	st := waitFor(t, b.admin, 10*time.Second, "b stands by, a leading", func(s stateView) bool {
 		return s.HA.Role == "standby" && s.HA.Leader != "" && s.HA.Leader != s.HA.ID
 	})
@@ -91,6 +97,7 @@ func TestServeHATakeover(t *testing.T) {
 		t.Fatalf("the standby serves other roles: %v, the leader %v", rolesOf(st), before)
 	}
 
+	waitFor(t, a.admin, 10*time.Second, "the leader has decided", func(s stateView) bool { return len(s.Decisions) > 1 })
 	// The leader dies without a word.
 	_ = a.p.cmd.Process.Kill()
 	_ = a.p.cmd.Wait()
@@ -118,6 +125,41 @@ func TestServeHATakeover(t *testing.T) {
 	}
 	waitFor(t, c.admin, 5*time.Second, "c leads after the SIGTERM", func(s stateView) bool { return s.HA.Role == "leader" })
 	t.Logf("takeover after SIGTERM: %v (from the signal, the drain included)", time.Since(stopped))
+
+	// Each leader's decision log audits clean, and the sequence went on across the takeover:
+	// b's first decision follows a's last one written to the state.
+	lastA, firstB := 0.0, 0.0
+	for _, l := range []struct {
+		file  string
+		first *float64
+		last  *float64
+	}{{aLog, nil, &lastA}, {bLog, &firstB, nil}} {
+		if out, code := runBin(t, "audit", "--decisions", l.file); code != 0 {
+			t.Fatalf("audit %s: exit %d\n%s", l.file, code, out)
+		}
+		data, err := os.ReadFile(l.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			var rec struct {
+				Kind string  `json:"kind"`
+				Seq  float64 `json:"seq"`
+			}
+			if json.Unmarshal([]byte(line), &rec) != nil || rec.Kind != "decision" {
+				continue
+			}
+			if l.first != nil && *l.first == 0 {
+				*l.first = rec.Seq
+			}
+			if l.last != nil {
+				*l.last = rec.Seq
+			}
+		}
+	}
+	if lastA == 0 || firstB < lastA || firstB > lastA+1 {
+		t.Fatalf("decision sequence: a's last %v, b's first %v; want b to continue a's (at most the one decision a wrote last lost with it)", lastA, firstB)
+	}
 }
 
 // TestHATakeoverFigures measures takeovers for docs/benchmarks.md (make bench-ha): with

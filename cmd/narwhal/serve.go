@@ -220,6 +220,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 			}
 		}
 		take := func(file *state.File) {
+			defer func() { dlog.Snapshot(time.Now(), f.Snapshot()) }() // the roles this leader starts from
 			if file == nil {
 				return
 			}
