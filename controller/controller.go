@@ -481,10 +481,10 @@ func (c *Controller) dwelt(t float64, e fleet.Engine) bool {
 
 func (c *Controller) dwellGate(t float64, e fleet.Engine) Gate {
 	g := Gate{Name: GateDwell, Passed: c.dwelt(t, e)}
-	if since := c.since(e.RoleSince); !e.Moved {
+	if !e.Moved {
 		g.Detail = e.ID + " has kept its role since the start"
 	} else {
-		g.Detail = fmt.Sprintf("%s role_since %.1fs, dwell %gs", e.ID, since, c.cfg.Thresholds.DwellS)
+		g.Detail = fmt.Sprintf("%s role_since %.1fs, dwell %gs", e.ID, c.since(e.RoleSince), c.cfg.Thresholds.DwellS)
 	}
 	return g
 }

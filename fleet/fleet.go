@@ -234,12 +234,7 @@ func (f *Fleet) Restore(saved []Engine) (unknown []string, err error) {
 		e.Pinned = e.Pinned || s.Pinned
 	}
 	f.version++
-	for ch := range f.subs { // followers (the router, the xDS server) see the restored fleet
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
+	f.notify() // followers (the router, the xDS server) see the restored fleet
 	return unknown, nil
 }
 
@@ -290,11 +285,16 @@ func (f *Fleet) update(id string, fn func(*Engine) ([]Event, error)) (Engine, er
 			fn(evs[j])
 		}
 	}
+	f.notify()
+	return e, nil
+}
+
+// notify wakes every subscriber (a pending wake-up is enough); f.mu is held.
+func (f *Fleet) notify() {
 	for ch := range f.subs {
 		select {
 		case ch <- struct{}{}:
 		default:
 		}
 	}
-	return e, nil
 }

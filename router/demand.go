@@ -36,8 +36,8 @@ func newDemand(shortS, longS float64) demand {
 
 func (d *demand) at(i int) *sample { return &d.ring[(d.head+i)%len(d.ring)] }
 
-// add records an arrival; output < 0 marks a request without max_tokens (its output estimated).
-func (d *demand) add(t float64, prompt, output int64) {
+// add records an arrival; an estimated one (no max_tokens) keeps no output of its own.
+func (d *demand) add(t float64, prompt, output int64, estimated bool) {
 	if d.count == len(d.ring) {
 		grown := make([]sample, 2*len(d.ring))
 		for i := 0; i < d.count; i++ {
@@ -45,7 +45,10 @@ func (d *demand) add(t float64, prompt, output int64) {
 		}
 		d.ring, d.head = grown, 0
 	}
-	s := sample{t: t, prompt: prompt, output: max(output, 0), estimated: output < 0}
+	s := sample{t: t, prompt: prompt, estimated: estimated}
+	if !estimated {
+		s.output = output
+	}
 	*d.at(d.count) = s
 	d.count++
 	d.short.push(s, 1)

@@ -14,7 +14,7 @@ func TestDemandCoversElapsedTime(t *testing.T) {
 	d := newDemand(10, 120)
 	const rate = 10.0 // arrivals per second, 100 prompt and 20 output tokens each
 	for k := 0; k < 300; k++ {
-		d.add(float64(k)/rate, 100, 20)
+		d.add(float64(k)/rate, 100, 20, false)
 	}
 	at := 300 / rate
 	got := d.estimate(at, 0)
@@ -25,14 +25,14 @@ func TestDemandCoversElapsedTime(t *testing.T) {
 	}
 	// The first arrivals do not read as a burst: they are averaged over at least a second.
 	d = newDemand(10, 120)
-	d.add(0.001, 100, 20)
+	d.add(0.001, 100, 20, false)
 	if r := d.estimate(0.002, 0).Short; r.ArrivalsPerS != 1 {
 		t.Fatalf("one arrival at start reads %v/s, want 1", r.ArrivalsPerS)
 	}
 	// Past the horizon the divisor is the horizon again.
 	d = newDemand(10, 120)
 	for k := 0; k < 2000; k++ {
-		d.add(float64(k)/rate, 100, 20)
+		d.add(float64(k)/rate, 100, 20, false)
 	}
 	if r := d.estimate(200, 0).Long; math.Abs(r.ArrivalsPerS-rate) > 0.5 {
 		t.Fatalf("long at 200 s: %+v", r)

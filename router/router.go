@@ -292,11 +292,7 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 	}
 
 	r.counters.Admitted++
-	if explicit {
-		r.demand.add(t, prompt, out)
-	} else {
-		r.demand.add(t, prompt, -1)
-	}
+	r.demand.add(t, prompt, out, !explicit)
 	slot := r.alloc()
 	e := &r.slots[slot]
 	*e = entry{gen: e.gen, phase: phaseAdmitted, prompt: prompt, output: out, explicit: explicit, nonStream: o.NonStreaming,

@@ -18,7 +18,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
+	"strings"
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
@@ -128,13 +128,12 @@ func (f *File) Match(cfg *config.Config) (added, removed []string, err error) {
 	return added, removed, nil
 }
 
+// join lists ids for a message, the first five of them.
 func join(ids []string) string {
-	s := slices.Clone(ids)
-	if len(s) > 5 {
-		s = append(s[:5], fmt.Sprintf("and %d more", len(ids)-5))
+	if len(ids) > 5 {
+		return strings.Join(ids[:5], ", ") + fmt.Sprintf(" and %d more", len(ids)-5)
 	}
-	out, _ := json.Marshal(s)
-	return string(bytes.Trim(out, "[]"))
+	return strings.Join(ids, ", ")
 }
 
 // ErrNoState is Load's error for a directory without a state file (the first start).

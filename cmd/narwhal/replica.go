@@ -110,6 +110,9 @@ func (r *replica) State() admin.HAState {
 	return h
 }
 
+// where names the state in messages.
+func (r *replica) where() string { return "etcd " + r.prefix + "/state" }
+
 // load reads the state from etcd (nil without one).
 func (r *replica) load(ctx context.Context) (*state.File, error) {
 	data, rev, err := r.node.Load(ctx)
@@ -120,7 +123,7 @@ func (r *replica) load(ctx context.Context) (*state.File, error) {
 	if data == nil {
 		return nil, nil
 	}
-	return state.Decode(data, "etcd "+r.prefix+"/state")
+	return state.Decode(data, r.where())
 }
 
 // saveTimeout bounds one state write to etcd: a role move waits for its write (under the
@@ -170,7 +173,7 @@ func (r *replica) persistMoves(f *fleet.Fleet, loads func() []router.EngineLoad)
 // so that this standby's xDS serves the same roles, until ctx ends.
 func (r *replica) follow(ctx context.Context, f *fleet.Fleet, from int64) {
 	for data := range r.node.Watch(ctx, from) {
-		file, err := state.Decode(data, "etcd "+r.prefix+"/state")
+		file, err := state.Decode(data, r.where())
 		if err != nil {
 			r.log.Error("standby: the leader's state does not decode", "err", err)
 			continue
@@ -183,9 +186,9 @@ func (r *replica) follow(ctx context.Context, f *fleet.Fleet, from int64) {
 }
 
 // lead stands by until this replica wins the election, then takes the latest state and calls
-// start (the leader's loops). It returns when ctx ends; lost reports a leadership lost after
-// winning (the lease ended: another replica may lead now).
-func (r *replica) lead(ctx context.Context, f *fleet.Fleet, take func(*state.File), start func(), lost chan<- error) {
+// start (the leader's loops). It returns when ctx ends; lost reports what ends this replica: a
+// leadership lost after winning (the lease ended: another replica may lead now).
+func (r *replica) lead(ctx context.Context, f *fleet.Fleet, take func(*state.File), start func(), lost func(error)) {
 	fctx, stopFollow := context.WithCancel(ctx)
 	r.mu.Lock()
 	from := r.revision
@@ -199,7 +202,7 @@ func (r *replica) lead(ctx context.Context, f *fleet.Fleet, take func(*state.Fil
 	}
 	file, err := r.load(ctx)
 	if err != nil {
-		lost <- fmt.Errorf("ha: elected but the state does not load: %w", err)
+		lost(fmt.Errorf("ha: elected but the state does not load: %w", err))
 		return
 	}
 	take(file)
@@ -224,7 +227,7 @@ func (r *replica) lead(ctx context.Context, f *fleet.Fleet, take func(*state.Fil
 		_, err := r.node.Leader(qctx)
 		cancel()
 		if err == nil {
-			lost <- errors.New("ha: the leadership was lost (the etcd lease ended); exiting so that this replica restarts as a standby")
+			lost(errors.New("ha: the leadership was lost (the etcd lease ended); exiting so that this replica restarts as a standby"))
 			return
 		}
 		if ctx.Err() != nil {

@@ -169,28 +169,25 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 
 	var wg sync.WaitGroup
 	errc := make(chan error, 1)
+	fail := func(err error) { // the first failure stops serve; later ones add nothing
+		select {
+		case errc <- err:
+		default:
+		}
+	}
 	wg.Go(func() {
 		if err := adminSrv.Serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
-			select {
-			case errc <- fmt.Errorf("admin server: %w", err):
-			default:
-			}
+			fail(fmt.Errorf("admin server: %w", err))
 		}
 	})
 	wg.Go(func() {
 		if err := grpcSrv.Serve(extprocLn); err != nil {
-			select {
-			case errc <- fmt.Errorf("ext_proc server: %w", err):
-			default:
-			}
+			fail(fmt.Errorf("ext_proc server: %w", err))
 		}
 	})
 	wg.Go(func() {
 		if err := xdsSrv.Serve(xdsLn); err != nil {
-			select {
-			case errc <- fmt.Errorf("xDS server: %w", err):
-			default:
-			}
+			fail(fmt.Errorf("xDS server: %w", err))
 		}
 	})
 	wg.Go(func() { _ = xds.Run(runCtx) })
@@ -212,19 +209,15 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		// A standby answers Envoy's health check NOT_SERVING (streams go to the leader) and
 		// /readyz 503, and serves xDS from the leader's state.
 		health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-		lost := make(chan error, 1)
 		persist.lost = func(err error) {
-			select {
-			case lost <- fmt.Errorf("ha: a state write was fenced off (%w); exiting so that this replica restarts as a standby", err):
-			default:
-			}
+			fail(fmt.Errorf("ha: a state write was fenced off (%w); exiting so that this replica restarts as a standby", err))
 		}
 		take := func(file *state.File) {
 			defer func() { dlog.Snapshot(time.Now(), f.Snapshot()) }() // the roles this leader starts from
 			if file == nil {
 				return
 			}
-			b, err := restore(cfg, f, file, "etcd "+cfg.HA.Etcd.Prefix+"/state", log)
+			b, err := restore(cfg, f, file, rep.where(), log)
 			if err != nil {
 				log.Error("ha: the state does not restore", "err", err)
 				return
@@ -232,17 +225,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 			live.Do(func(_ time.Time, r *router.Router) { r.RestoreCorrections(b.corrections) })
 			roles.Restore(*b.controller)
 		}
-		wg.Go(func() { rep.lead(runCtx, f, take, lead, lost) })
-		wg.Go(func() {
-			select {
-			case err := <-lost:
-				select {
-				case errc <- err:
-				default:
-				}
-			case <-runCtx.Done():
-			}
-		})
+		wg.Go(func() { rep.lead(runCtx, f, take, lead, fail) })
 	}
 	p, d := countRoles(cfg)
 	log.Info("narwhal serving", "version", version, "admin", adminLn.Addr().String(),
