@@ -23,18 +23,26 @@ func dial(t *testing.T, endpoints []string, id string) *Node {
 	return n
 }
 
+// leaderAndStandby starts an etcd server and two replicas on it, a leading (its campaign won)
+// and b not campaigning yet; ctx bounds the test.
+func leaderAndStandby(t *testing.T) (a, b *Node, ctx context.Context) {
+	t.Helper()
+	srv := etcdtest.Start(t)
+	a, b = dial(t, srv.Endpoints, "a"), dial(t, srv.Endpoints, "b")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	if err := a.Campaign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return a, b, ctx
+}
+
 // Against a real etcd: one replica leads; its fenced writes succeed and a standby reads and
 // watches them; once its lease is gone (the session closed, as when its process dies) its
 // writes are refused with ErrNotLeader, and the standby, whose campaign was waiting, leads and
 // writes.
 func TestElectionAndFencedWrites(t *testing.T) {
-	srv := etcdtest.Start(t)
-	a, b := dial(t, srv.Endpoints, "a"), dial(t, srv.Endpoints, "b")
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := a.Campaign(ctx); err != nil {
-		t.Fatal(err)
-	}
+	a, b, ctx := leaderAndStandby(t)
 	if id, err := b.Leader(ctx); err != nil || id != "a" {
 		t.Fatalf("leader %q %v, want a", id, err)
 	}
@@ -89,13 +97,7 @@ func TestElectionAndFencedWrites(t *testing.T) {
 
 // A leader that resigns hands over at once: the standby's campaign returns.
 func TestResignHandsOver(t *testing.T) {
-	srv := etcdtest.Start(t)
-	a, b := dial(t, srv.Endpoints, "a"), dial(t, srv.Endpoints, "b")
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := a.Campaign(ctx); err != nil {
-		t.Fatal(err)
-	}
+	a, b, ctx := leaderAndStandby(t)
 	won := make(chan error, 1)
 	go func() { won <- b.Campaign(ctx) }()
 	begin := time.Now()
