@@ -3,7 +3,9 @@
 // every move that broke a rule — a pinned engine moved, a floor broken while capacity allowed
 // it, dwell or the cooldown between moves toward decode broken, more than one move in a
 // regular pass or urgent wake, a move toward prefill while the arrival-evidence window was open,
-// a role change in advisory mode, a role change without its decision.
+// a role change in advisory mode, a role change without its decision, a decision numbered again.
+// Several logs (the replicas of one fleet, each writing its own) are audited as one: their lines
+// merged on the wall clock each log's config line carries.
 package audit
 
 import (
@@ -12,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 )
 
@@ -34,14 +37,25 @@ type Rules struct {
 
 // Violation is one broken rule, at the log line that shows it.
 type Violation struct {
+	Log    string // the log's name when several are audited as one
 	Line   int
-	TimeS  float64
-	Rule   string // pins, role_floors, dwell, cooldown, one_move, evidence_window, advisory, orphan_role_change
+	TimeS  float64 // seconds since the (earliest) log's start
+	Rule   string  // pins, role_floors, dwell, cooldown, one_move, evidence_window, advisory, orphan_role_change, sequence
 	Detail string
 }
 
 func (v Violation) String() string {
-	return fmt.Sprintf("line %d (%.3fs): %s: %s", v.Line, v.TimeS, v.Rule, v.Detail)
+	at := fmt.Sprintf("line %d", v.Line)
+	if v.Log != "" {
+		at = v.Log + " " + at
+	}
+	return fmt.Sprintf("%s (%.3fs): %s: %s", at, v.TimeS, v.Rule, v.Detail)
+}
+
+// Log is one decision log to audit with others, and the name that violations give it.
+type Log struct {
+	Name string
+	R    io.Reader
 }
 
 // record is one log line, as much of it as the audit reads.
@@ -49,6 +63,7 @@ type record struct {
 	Kind       string          `json:"kind"`
 	TimeS      float64         `json:"time_s"`
 	Controller json.RawMessage `json:"controller"`
+	EpochUnixS *float64        `json:"epoch_unix_s"` // the config line: the wall clock at time_s 0
 	Event      string          `json:"event"`
 	Engines    []struct {
 		ID        string `json:"id"`
@@ -90,60 +105,140 @@ type Result struct {
 // Audit reads a decision log and checks it. rules overrides the log's config line when not
 // nil. A malformed log is an error naming its line.
 func Audit(r io.Reader, rules *Rules) (Result, error) {
+	return AuditLogs([]Log{{R: r}}, rules)
+}
+
+// entry is one line of one log, its time moved onto the merged clock.
+type entry struct {
+	log, line int
+	rec       record
+}
+
+// read parses every line of the logs. With more than one, each log's times are moved onto the
+// earliest log's clock (the config lines' epoch_unix_s) and the lines merged in time order;
+// within a log they keep their order.
+func read(logs []Log) ([]entry, error) {
+	var all []entry
+	epochs := make([]float64, len(logs))
+	for i, l := range logs {
+		at := func(line int) string {
+			if len(logs) > 1 {
+				return fmt.Sprintf("%s: line %d", l.Name, line)
+			}
+			return fmt.Sprintf("line %d", line)
+		}
+		sc := bufio.NewScanner(l.R)
+		sc.Buffer(make([]byte, 1<<20), 64<<20)
+		epoch := math.NaN()
+		for line := 1; sc.Scan(); line++ {
+			var rec record
+			if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+				return nil, fmt.Errorf("audit: %s: %w", at(line), err)
+			}
+			if rec.Kind == "config" && rec.EpochUnixS != nil && math.IsNaN(epoch) {
+				epoch = *rec.EpochUnixS
+			}
+			all = append(all, entry{log: i, line: line, rec: rec})
+		}
+		if err := sc.Err(); err != nil {
+			return nil, fmt.Errorf("audit: %s: %w", l.Name, err)
+		}
+		if len(logs) > 1 && math.IsNaN(epoch) {
+			return nil, fmt.Errorf("audit: %s: no config line with epoch_unix_s: it cannot be merged with the other logs", l.Name)
+		}
+		epochs[i] = epoch
+	}
+	if len(logs) > 1 {
+		first := slices.Min(epochs)
+		for i := range all {
+			off := epochs[all[i].log] - first
+			all[i].rec.TimeS += off
+			if all[i].rec.Kind == "decision" {
+				all[i].rec.Inputs.EvidenceWindow.OpenedAtS += off
+			}
+		}
+		sort.SliceStable(all, func(i, j int) bool { return all[i].rec.TimeS < all[j].rec.TimeS })
+	}
+	return all, nil
+}
+
+// AuditLogs checks several decision logs as one: the logs of the replicas of one fleet (each
+// leader writes its own; docs/ha.md), merged on their config lines' wall clock. Their controller
+// configs must agree. A later fleet snapshot (a replica's start, or its takeover) re-bases the
+// engines it names; an engine whose role it does not change keeps its last role change for
+// dwell.
+func AuditLogs(logs []Log, rules *Rules) (Result, error) {
 	var res Result
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	all, err := read(logs)
+	if err != nil {
+		return res, err
+	}
 	engines := map[string]*engine{}
+	type key struct {
+		log int
+		seq uint64
+	}
 	var (
 		cfg          Rules
 		haveCfg      = rules != nil
+		fromLog      bool // cfg is a log's config line
 		snapshot     bool
 		lastToDecode = math.Inf(-1)
+		lastSeq      *entry
 		// role events seen per decision, and decisions seen, for the pairing checks
-		events    = map[uint64][]int{}
-		decisions = map[uint64]*record{}
+		events    = map[key][]int{}
+		decisions = map[key]*record{}
 		pending   []pendingEvent
 	)
 	if rules != nil {
 		cfg = *rules
 	}
-	violate := func(line int, t float64, rule, format string, args ...any) {
-		res.Violations = append(res.Violations, Violation{Line: line, TimeS: t, Rule: rule, Detail: fmt.Sprintf(format, args...)})
-	}
-	live := func(role string) (n int) {
-		for _, e := range engines {
-			if e.role == role && e.lifecycle == "active" {
-				n++
-			}
+	name := func(log int) string {
+		if len(logs) > 1 {
+			return logs[log].Name
 		}
-		return n
+		return ""
 	}
-	for line := 1; sc.Scan(); line++ {
+	for _, en := range all {
 		res.Lines++
-		var rec record
-		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-			return res, fmt.Errorf("audit: line %d: %w", line, err)
+		rec, line := en.rec, en.line
+		violate := func(rule, format string, args ...any) {
+			res.Violations = append(res.Violations, Violation{Log: name(en.log), Line: line, TimeS: rec.TimeS, Rule: rule, Detail: fmt.Sprintf(format, args...)})
+		}
+		where := func() string {
+			if n := name(en.log); n != "" {
+				return fmt.Sprintf("%s: line %d", n, line)
+			}
+			return fmt.Sprintf("line %d", line)
 		}
 		switch {
 		case rec.Kind == "config":
-			if !haveCfg {
-				if err := json.Unmarshal(rec.Controller, &cfg); err != nil {
-					return res, fmt.Errorf("audit: line %d: controller config: %w", line, err)
-				}
-				haveCfg = true
+			var c Rules
+			if err := json.Unmarshal(rec.Controller, &c); err != nil {
+				return res, fmt.Errorf("audit: %s: controller config: %w", where(), err)
+			}
+			switch {
+			case !haveCfg:
+				cfg, haveCfg, fromLog = c, true, true
+			case fromLog && c != cfg:
+				return res, fmt.Errorf("audit: %s: its controller config differs from the first log's: the logs are not of one fleet", where())
 			}
 		case rec.Kind == "fleet" && rec.Event == "snapshot":
 			for _, e := range rec.Engines {
-				engines[e.ID] = &engine{role: e.Role, lifecycle: e.Lifecycle, pinned: e.Pinned, roleSince: math.Inf(-1)}
+				since := math.Inf(-1)
+				if old := engines[e.ID]; old != nil && old.role == e.Role {
+					since = old.roleSince
+				}
+				engines[e.ID] = &engine{role: e.Role, lifecycle: e.Lifecycle, pinned: e.Pinned, roleSince: since}
 			}
 			snapshot = true
 		case rec.Kind == "fleet":
 			if !snapshot {
-				return res, fmt.Errorf("audit: line %d: a fleet event before the fleet snapshot", line)
+				return res, fmt.Errorf("audit: %s: a fleet event before the fleet snapshot", where())
 			}
 			e := engines[rec.Engine]
 			if e == nil {
-				return res, fmt.Errorf("audit: line %d: unknown engine %q", line, rec.Engine)
+				return res, fmt.Errorf("audit: %s: unknown engine %q", where(), rec.Engine)
 			}
 			switch rec.Event {
 			case "lifecycle":
@@ -153,34 +248,39 @@ func Audit(r io.Reader, rules *Rules) (Result, error) {
 			case "role":
 				res.RoleChanges++
 				if e.pinned {
-					violate(line, rec.TimeS, "pins", "%s moved %s -> %s while pinned", rec.Engine, rec.From, rec.To)
+					violate("pins", "%s moved %s -> %s while pinned", rec.Engine, rec.From, rec.To)
 				}
 				if since := rec.TimeS - e.roleSince; since < cfg.Thresholds.DwellS {
-					violate(line, rec.TimeS, "dwell", "%s moved %.3fs after its last role change (dwell %gs)", rec.Engine, since, cfg.Thresholds.DwellS)
+					violate("dwell", "%s moved %.3fs after its last role change (dwell %gs)", rec.Engine, since, cfg.Thresholds.DwellS)
 				}
 				if cfg.Advisory {
-					violate(line, rec.TimeS, "advisory", "%s moved %s -> %s with controller.advisory on", rec.Engine, rec.From, rec.To)
+					violate("advisory", "%s moved %s -> %s with controller.advisory on", rec.Engine, rec.From, rec.To)
 				}
 				e.role, e.roleSince = rec.To, rec.TimeS
-				if total := live("prefill") + live("decode"); total >= cfg.MinPrefill+cfg.MinDecode {
-					if p := live("prefill"); rec.From == "prefill" && p < cfg.MinPrefill {
-						violate(line, rec.TimeS, "role_floors", "%s left prefill: %d live prefill engines, min_prefill %d, with %d live engines", rec.Engine, p, cfg.MinPrefill, total)
+				if total := live(engines, "prefill") + live(engines, "decode"); total >= cfg.MinPrefill+cfg.MinDecode {
+					if p := live(engines, "prefill"); rec.From == "prefill" && p < cfg.MinPrefill {
+						violate("role_floors", "%s left prefill: %d live prefill engines, min_prefill %d, with %d live engines", rec.Engine, p, cfg.MinPrefill, total)
 					}
-					if d := live("decode"); rec.From == "decode" && d < cfg.MinDecode {
-						violate(line, rec.TimeS, "role_floors", "%s left decode: %d live decode engines, min_decode %d, with %d live engines", rec.Engine, d, cfg.MinDecode, total)
+					if d := live(engines, "decode"); rec.From == "decode" && d < cfg.MinDecode {
+						violate("role_floors", "%s left decode: %d live decode engines, min_decode %d, with %d live engines", rec.Engine, d, cfg.MinDecode, total)
 					}
 				}
 				if rec.Decision == nil {
-					violate(line, rec.TimeS, "orphan_role_change", "%s moved %s -> %s naming no decision", rec.Engine, rec.From, rec.To)
+					violate("orphan_role_change", "%s moved %s -> %s naming no decision", rec.Engine, rec.From, rec.To)
 					continue
 				}
-				events[*rec.Decision] = append(events[*rec.Decision], line)
-				pending = append(pending, pendingEvent{line: line, t: rec.TimeS, seq: *rec.Decision, engine: rec.Engine, from: rec.From, to: rec.To})
+				k := key{en.log, *rec.Decision}
+				events[k] = append(events[k], line)
+				pending = append(pending, pendingEvent{log: en.log, line: line, t: rec.TimeS, seq: *rec.Decision, engine: rec.Engine, from: rec.From, to: rec.To})
 			}
 		case rec.Kind == "decision":
 			res.Decisions++
 			d := rec
-			decisions[rec.Seq] = &d
+			decisions[key{en.log, rec.Seq}] = &d
+			if lastSeq != nil && rec.Seq <= lastSeq.rec.Seq {
+				violate("sequence", "decision %d follows decision %d (%s): a decision numbered again", rec.Seq, lastSeq.rec.Seq, name(lastSeq.log)+fmt.Sprintf(" line %d", lastSeq.line))
+			}
+			lastSeq = &en
 			toDecode, toPrefill := 0, 0
 			for _, m := range rec.Moves {
 				if m.To == "decode" {
@@ -190,14 +290,14 @@ func Audit(r io.Reader, rules *Rules) (Result, error) {
 				}
 			}
 			if n := len(rec.Moves); n > 1 && rec.Caller != "repair" {
-				violate(line, rec.TimeS, "one_move", "decision %d (%s) made %d moves", rec.Seq, rec.Caller, n)
+				violate("one_move", "decision %d (%s) made %d moves", rec.Seq, rec.Caller, n)
 			}
-			if n := len(events[rec.Seq]); n > 1 && rec.Caller != "repair" {
-				violate(line, rec.TimeS, "one_move", "decision %d (%s) has %d role changes", rec.Seq, rec.Caller, n)
+			if n := len(events[key{en.log, rec.Seq}]); n > 1 && rec.Caller != "repair" {
+				violate("one_move", "decision %d (%s) has %d role changes", rec.Seq, rec.Caller, n)
 			}
 			if toDecode > 0 {
 				if rec.Caller != "repair" && rec.Caller != "readmission" && rec.TimeS-lastToDecode < cfg.Thresholds.CooldownS {
-					violate(line, rec.TimeS, "cooldown", "decision %d moved toward decode %.3fs after the last move toward decode (cooldown %gs)", rec.Seq, rec.TimeS-lastToDecode, cfg.Thresholds.CooldownS)
+					violate("cooldown", "decision %d moved toward decode %.3fs after the last move toward decode (cooldown %gs)", rec.Seq, rec.TimeS-lastToDecode, cfg.Thresholds.CooldownS)
 				}
 				lastToDecode = rec.TimeS
 			}
@@ -207,22 +307,19 @@ func Audit(r io.Reader, rules *Rules) (Result, error) {
 				closed := open >= cfg.Reactive.EvidenceSpanS && w.Arrivals >= uint64(cfg.Reactive.EvidenceMinArrivals) || open >= cfg.Reactive.EvidenceMaxSpanS
 				switch {
 				case w.OpenedAtS < lastToDecode:
-					violate(line, rec.TimeS, "evidence_window", "decision %d: its window opened at %.3fs, before the last move toward decode restarted it", rec.Seq, w.OpenedAtS)
+					violate("evidence_window", "decision %d: its window opened at %.3fs, before the last move toward decode restarted it", rec.Seq, w.OpenedAtS)
 				case !closed:
-					violate(line, rec.TimeS, "evidence_window", "decision %d moved toward prefill with the window open: opened %.3fs ago, %d arrivals (span %gs, min %d, max %gs)",
+					violate("evidence_window", "decision %d moved toward prefill with the window open: opened %.3fs ago, %d arrivals (span %gs, min %d, max %gs)",
 						rec.Seq, open, w.Arrivals, cfg.Reactive.EvidenceSpanS, cfg.Reactive.EvidenceMinArrivals, cfg.Reactive.EvidenceMaxSpanS)
 				}
 			}
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return res, fmt.Errorf("audit: %w", err)
-	}
 	if !haveCfg || !snapshot {
 		return res, fmt.Errorf("audit: the log has no config line or no fleet snapshot")
 	}
-	for _, ev := range pending { // every role change is a move of the decision it names
-		d := decisions[ev.seq]
+	for _, ev := range pending { // every role change is a move of the decision it names, in its log
+		d := decisions[key{ev.log, ev.seq}]
 		found := false
 		if d != nil {
 			for _, m := range d.Moves {
@@ -230,17 +327,34 @@ func Audit(r io.Reader, rules *Rules) (Result, error) {
 			}
 		}
 		if !found {
-			violate(ev.line, ev.t, "orphan_role_change", "%s moved %s -> %s for decision %d, which has no such move", ev.engine, ev.from, ev.to, ev.seq)
+			res.Violations = append(res.Violations, Violation{Log: name(ev.log), Line: ev.line, TimeS: ev.t, Rule: "orphan_role_change",
+				Detail: fmt.Sprintf("%s moved %s -> %s for decision %d, which has no such move", ev.engine, ev.from, ev.to, ev.seq)})
 		}
 	}
-	sort.SliceStable(res.Violations, func(i, j int) bool { return res.Violations[i].Line < res.Violations[j].Line })
+	sort.SliceStable(res.Violations, func(i, j int) bool {
+		a, b := res.Violations[i], res.Violations[j]
+		if a.TimeS != b.TimeS {
+			return a.TimeS < b.TimeS
+		}
+		return a.Line < b.Line
+	})
 	return res, nil
 }
 
+// live counts the active engines in role.
+func live(engines map[string]*engine, role string) (n int) {
+	for _, e := range engines {
+		if e.role == role && e.lifecycle == "active" {
+			n++
+		}
+	}
+	return n
+}
+
 type pendingEvent struct {
-	line     int
-	t        float64
-	seq      uint64
-	engine   string
-	from, to string
+	log, line int
+	t         float64
+	seq       uint64
+	engine    string
+	from, to  string
 }

@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -32,16 +33,6 @@ func TestAuditClean(t *testing.T) {
 
 // One hand-made bad log per invariant: the audit names the rule and the line.
 func TestAuditFindsViolations(t *testing.T) {
-	move := func(t float64, seq int, engine, from, to string) string {
-		return `{"kind":"fleet","time_s":` + f(t) + `,"event":"role","engine":"` + engine + `","from":"` + from + `","to":"` + to + `","cause":"decision ` + itoa(seq) + `","decision":` + itoa(seq) + "}\n"
-	}
-	decision := func(t float64, seq int, caller string, window string, moves ...string) string {
-		return `{"kind":"decision","time_s":` + f(t) + `,"seq":` + itoa(seq) + `,"caller":"` + caller + `","outcome":"moved","inputs":{"evidence_window":` + window + `},"moves":[` + strings.Join(moves, ",") + "]}\n"
-	}
-	mv := func(engine, from, to string) string {
-		return `{"engine":"` + engine + `","from":"` + from + `","to":"` + to + `"}`
-	}
-	closed := `{"opened_at_s":0,"arrivals":80}`
 	cases := []struct {
 		rule, log string
 		line      int
@@ -79,6 +70,52 @@ func TestAuditFindsViolations(t *testing.T) {
 	}
 }
 
+// The logs of two replicas, audited as one on their wall clocks: a takes e4 to prefill at its
+// 40 s and dies; b (started 100 s after a) takes over and moves e4 back at its 50 s — 110 s after
+// a's move, inside the 120 s dwell — numbering its decision as a's. Each log alone is clean;
+// merged, the dwell and the reused number show, at b's lines and on a's clock.
+func TestAuditMergesReplicaLogs(t *testing.T) {
+	epoch := func(log string, unix string) string {
+		return strings.Replace(log, `"time_s":0,"controller"`, `"time_s":0,"epoch_unix_s":`+unix+`,"controller"`, 1)
+	}
+	a := epoch(head, "1000") + move(40, 1, "e4", "decode", "prefill") + decision(40, 1, "regular", closed, mv("e4", "decode", "prefill"))
+	standby := strings.Replace(strings.SplitAfter(head, "\n")[1], `"e4","role":"decode"`, `"e4","role":"prefill"`, 1) // b's view of a's state
+	takeover := strings.Replace(standby, `"time_s":0`, `"time_s":45`, 1)
+	b := epoch(strings.SplitAfter(head, "\n")[0], "1100") + standby + takeover +
+		move(50, 1, "e4", "prefill", "decode") + decision(50, 1, "regular", closed, mv("e4", "prefill", "decode"))
+	for name, log := range map[string]string{"a": a, "b": b} {
+		if v := audit(t, log); len(v) != 0 {
+			t.Fatalf("%s alone: %v", name, v)
+		}
+	}
+	res, err := AuditLogs([]Log{{"a.jsonl", strings.NewReader(a)}, {"b.jsonl", strings.NewReader(b)}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, v := range res.Violations {
+		got = append(got, v.String())
+	}
+	want := []string{
+		"b.jsonl line 4 (150.000s): dwell: e4 moved 110.000s after its last role change (dwell 120s)",
+		"b.jsonl line 5 (150.000s): sequence: decision 1 follows decision 1 (a.jsonl line 4): a decision numbered again",
+	}
+	if !slices.Equal(got, want) || res.Lines != 9 || res.Decisions != 2 || res.RoleChanges != 2 {
+		t.Fatalf("merged: %+v\n%q", res, got)
+	}
+
+	// Logs that cannot be one fleet's, or merged at all: an error naming the log.
+	if _, err := AuditLogs([]Log{{"a.jsonl", strings.NewReader(a)}, {"old.jsonl", strings.NewReader(head)}}, nil); err == nil ||
+		!strings.Contains(err.Error(), "old.jsonl: no config line with epoch_unix_s") {
+		t.Fatalf("no epoch: %v", err)
+	}
+	other := strings.Replace(b, `"dwell_s":120`, `"dwell_s":10`, 1)
+	if _, err := AuditLogs([]Log{{"a.jsonl", strings.NewReader(a)}, {"b.jsonl", strings.NewReader(other)}}, nil); err == nil ||
+		!strings.Contains(err.Error(), "b.jsonl: line 1: its controller config differs") {
+		t.Fatalf("other config: %v", err)
+	}
+}
+
 // A malformed log is an error naming its line.
 func TestAuditBadLog(t *testing.T) {
 	_, err := Audit(strings.NewReader(head+"{not json\n"), nil)
@@ -89,6 +126,21 @@ func TestAuditBadLog(t *testing.T) {
 		t.Fatal("a log without config and snapshot passed")
 	}
 }
+
+// move, decision and mv write log lines; closed is an evidence window that has closed.
+func move(t float64, seq int, engine, from, to string) string {
+	return `{"kind":"fleet","time_s":` + f(t) + `,"event":"role","engine":"` + engine + `","from":"` + from + `","to":"` + to + `","cause":"decision ` + itoa(seq) + `","decision":` + itoa(seq) + "}\n"
+}
+
+func decision(t float64, seq int, caller string, window string, moves ...string) string {
+	return `{"kind":"decision","time_s":` + f(t) + `,"seq":` + itoa(seq) + `,"caller":"` + caller + `","outcome":"moved","inputs":{"evidence_window":` + window + `},"moves":[` + strings.Join(moves, ",") + "]}\n"
+}
+
+func mv(engine, from, to string) string {
+	return `{"engine":"` + engine + `","from":"` + from + `","to":"` + to + `"}`
+}
+
+const closed = `{"opened_at_s":0,"arrivals":80}`
 
 func f(x float64) string { return strings.TrimRight(strings.TrimRight(strconvF(x), "0"), ".") }
 

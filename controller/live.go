@@ -63,10 +63,11 @@ type LiveOptions struct {
 	Logger   *slog.Logger
 	Observer Observer
 	Log      *Log // the decision log; nil writes none
-	// Persist, when set, must make a decision's moves durable before they are applied: it gets
-	// the decision and the controller's durable state after it, and an error keeps the moves
-	// from being applied (the decision is recorded blocked, saying why). Replicas on etcd use it:
-	// no role move they cannot persist.
+	// Persist, when set, must make each decision durable before it is applied and logged: it
+	// gets the decision and the controller's durable state after it (its sequence number among
+	// them, so a successor never numbers a decision again), and an error keeps the decision's
+	// moves from being applied (the decision is recorded blocked, saying why). Replicas on etcd
+	// use it: no role move they cannot persist.
 	Persist func(d *Decision, c Durable) error
 }
 
@@ -165,6 +166,7 @@ func (l *Live) Advise(prefill, decode int, reason string) (Decision, error) {
 	l.router.Do(func(t time.Time, r *router.Router) { now, l.fork = t, r.Fork(l.fork) })
 	d, err = l.c.Advise(now, snap, l.fork, prefill, decode, reason)
 	if err == nil {
+		_ = l.durable(&d) // an advisory decision moves nothing
 		l.publish(&d, time.Since(begin))
 	}
 	l.mu.Unlock()
@@ -215,19 +217,31 @@ func (l *Live) publish(d *Decision, took time.Duration) {
 }
 
 // apply makes a decision's moves in the fleet at the decision's time, once Persist (if any)
-// has made them durable; l.mu is held.
+// has made the decision durable; l.mu is held.
 func (l *Live) apply(d *Decision, now time.Time) {
-	if len(d.Moves) > 0 && l.persist != nil {
-		if err := l.persist(d, l.c.Durable()); err != nil {
-			l.log.Warn("role move not applied: its state could not be written", "decision", d.Seq, "err", err)
-			d.Reason += fmt.Sprintf("; not applied: the state could not be written (%v)", err)
-			d.Moves, d.SplitAfter = nil, d.SplitBefore
-			if d.Outcome == OutcomeMoved {
-				d.Outcome = OutcomeBlocked
-			}
+	if err := l.durable(d); err != nil && len(d.Moves) > 0 {
+		l.log.Warn("role move not applied: its state could not be written", "decision", d.Seq, "err", err)
+		d.Reason += fmt.Sprintf("; not applied: the state could not be written (%v)", err)
+		d.Moves, d.SplitAfter = nil, d.SplitBefore
+		if d.Outcome == OutcomeMoved {
+			d.Outcome = OutcomeBlocked
 		}
 	}
 	ApplyDecision(l.fleet, livePreparer{l.router}, d, now, l.log)
+}
+
+// durable hands d to Persist, if any; l.mu is held. A failure is logged: it keeps a decision's
+// moves from being applied, and a decision without moves goes on (the state is written again
+// after the next change).
+func (l *Live) durable(d *Decision) error {
+	if l.persist == nil {
+		return nil
+	}
+	err := l.persist(d, l.c.Durable())
+	if err != nil && len(d.Moves) == 0 {
+		l.log.Warn("decision not persisted", "decision", d.Seq, "err", err)
+	}
+	return err
 }
 
 // Preparer is the placement side of a decision (router.Router implements it): the decode donor
@@ -302,7 +316,9 @@ type Log struct {
 // NewLog starts a decision log on w at epoch, with the config and the fleet as they start.
 func NewLog(w io.Writer, epoch time.Time, cfg *config.Config, snap fleet.Snapshot) *Log {
 	l := &Log{w: w, enc: json.NewEncoder(w), epoch: epoch}
-	l.write(map[string]any{"kind": "config", "time_s": 0.0, "controller": cfg.Controller, "slo": cfg.SLO})
+	// epoch_unix_s puts the log on the wall clock: narwhal audit merges the logs of several
+	// replicas on it.
+	l.write(map[string]any{"kind": "config", "time_s": 0.0, "epoch_unix_s": float64(epoch.UnixMicro()) / 1e6, "controller": cfg.Controller, "slo": cfg.SLO})
 	l.Snapshot(epoch, snap)
 	return l
 }

@@ -11,13 +11,14 @@ import (
 )
 
 func newAudit(stdout io.Writer) *cobra.Command {
-	var decisions, cfgPath string
+	var decisions []string
+	var cfgPath string
 	cmd := &cobra.Command{
-		Use:   "audit --decisions FILE [--config FILE]",
-		Short: "Re-check a decision log against the role-control rules; exit 0 when nothing is broken, 1 otherwise",
+		Use:   "audit --decisions FILE[,FILE...] [--config FILE]",
+		Short: "Re-check a decision log (or the logs of several replicas, as one) against the role-control rules; exit 0 when nothing is broken, 1 otherwise",
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if decisions == "" {
+			if len(decisions) == 0 {
 				return usageErr(fmt.Errorf("audit: --decisions FILE is required"))
 			}
 			var rules *audit.Rules
@@ -32,14 +33,21 @@ func newAudit(stdout io.Writer) *cobra.Command {
 					c.Reactive.EvidenceSpanS, c.Reactive.EvidenceMinArrivals, c.Reactive.EvidenceMaxSpanS
 				rules.Thresholds.CooldownS, rules.Thresholds.DwellS = c.Thresholds.CooldownS, c.Thresholds.DwellS
 			}
-			f, err := os.Open(decisions)
+			logs := make([]audit.Log, 0, len(decisions))
+			for _, name := range decisions {
+				f, err := os.Open(name)
+				if err != nil {
+					return failureErr(err)
+				}
+				defer f.Close()
+				logs = append(logs, audit.Log{Name: name, R: f})
+			}
+			res, err := audit.AuditLogs(logs, rules)
+			if len(logs) == 1 && err != nil {
+				err = fmt.Errorf("%s: %w", decisions[0], err)
+			}
 			if err != nil {
 				return failureErr(err)
-			}
-			defer f.Close()
-			res, err := audit.Audit(f, rules)
-			if err != nil {
-				return failureErr(fmt.Errorf("%s: %w", decisions, err))
 			}
 			for _, v := range res.Violations {
 				fmt.Fprintln(stdout, v)
@@ -51,7 +59,7 @@ func newAudit(stdout io.Writer) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&decisions, "decisions", "", "the decision log (narwhal serve --decisions)")
+	cmd.Flags().StringSliceVar(&decisions, "decisions", nil, "the decision log (narwhal serve --decisions); several (comma-separated or repeated) are the logs of one fleet's replicas, audited as one")
 	cmd.Flags().StringVar(&cfgPath, "config", "", "check against this config's controller section instead of the log's")
 	return cmd
 }

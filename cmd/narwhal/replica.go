@@ -148,9 +148,10 @@ func (r *replica) save(f *state.File) error {
 	return err
 }
 
-// persistMoves is the controller's Persist for a replica: the state with the decision's moves
-// already made, written (fenced) before the fleet applies them.
-func (r *replica) persistMoves(f *fleet.Fleet, loads func() []router.EngineLoad) func(*controller.Decision, controller.Durable) error {
+// persistDecision is the controller's Persist for a replica: the state with the decision (its
+// sequence number, its moves already made), written (fenced) before the fleet applies it and
+// the log shows it — so a successor neither loses a move nor numbers a decision again.
+func (r *replica) persistDecision(f *fleet.Fleet, loads func() []router.EngineLoad) func(*controller.Decision, controller.Durable) error {
 	return func(d *controller.Decision, c controller.Durable) error {
 		now := time.Now()
 		snap := f.Snapshot()

@@ -130,13 +130,13 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		rep.register(reg)
 	}
 	persist := newPersister(save, f, nil, live, log, reg)
-	var persistMoves func(*controller.Decision, controller.Durable) error
-	if rep != nil { // no role move a replica cannot persist
-		persistMoves = rep.persistMoves(f, func() []router.EngineLoad { return live.Snapshot().Engines })
+	var persistDecision func(*controller.Decision, controller.Durable) error
+	if rep != nil { // no decision, and so no role move, that a replica cannot persist
+		persistDecision = rep.persistDecision(f, func() []router.EngineLoad { return live.Snapshot().Engines })
 	}
 	roles = controller.NewLive(ctl, controller.LiveOptions{
 		Fleet: f, Router: live, Logger: log, Observer: observers{admin.NewControllerMetrics(reg), persist}, Log: dlog,
-		Persist: persistMoves,
+		Persist: persistDecision,
 	})
 	persist.roles = roles
 	f.OnChange(func(fleet.Event) { persist.Kick() })
