@@ -395,6 +395,20 @@ static_resources:
               "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
               grpc_service:
                 envoy_grpc: {cluster_name: {{.ExtProcCluster}}}
+{{- if gt (len .ExtProc) 1}}
+                # Several replicas: a stream that cannot open on one (a leader just killed, until
+                # the health check sees it) or is refused before Narwhal's first reply opens on
+                # another. A stream Narwhal has replied on cannot be retried (docs/ha.md).
+                retry_policy:
+                  retry_on: connect-failure,refused-stream,reset-before-request,unavailable
+                  num_retries: 2
+                  retry_back_off: {base_interval: 0.05s, max_interval: 0.5s}
+                  retry_host_predicate:
+                  - name: envoy.retry_host_predicates.previous_hosts
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate
+                  host_selection_retry_max_attempts: 3
+{{- end}}
               # Fail closed: if Narwhal cannot be reached, Envoy answers 500 rather than letting
               # an unplaced request through to {{.OriginalDst}}.
               failure_mode_allow: false
@@ -447,9 +461,16 @@ static_resources:
     # Several Narwhal replicas: standbys answer NOT_SERVING, so streams go to the leader only.
 {{- end}}
     health_checks:
+{{- if gt (len .ExtProc) 1}}
+    # Checked every second: a dead leader is out after two failures, a new leader in after one.
+    - timeout: 0.5s
+      interval: 1s
+      unhealthy_threshold: 2
+{{- else}}
     - timeout: 1s
       interval: 5s
       unhealthy_threshold: 3
+{{- end}}
       healthy_threshold: 1
       grpc_health_check: {}
     load_assignment:

@@ -437,6 +437,14 @@ func (l *linter) grpcCluster(lc lintCluster, key, want string) {
 }
 
 // grpcHealthChecked reports whether the cluster has an active gRPC health check.
+// endpoints counts a cluster's inline endpoints.
+func endpoints(c *clusterv3.Cluster) (n int) {
+	for _, le := range c.GetLoadAssignment().GetEndpoints() {
+		n += len(le.GetLbEndpoints())
+	}
+	return n
+}
+
 func grpcHealthChecked(c *clusterv3.Cluster) bool {
 	for _, hc := range c.GetHealthChecks() {
 		if hc.GetGrpcHealthCheck() != nil {
@@ -632,7 +640,15 @@ func (l *linter) extProc(f extProcFilter) {
 	ep, p := f.cfg, f.path
 	switch {
 	case ep.GetGrpcService() != nil:
-		l.grpcTarget(ep.GetGrpcService(), problem.Key(p, "grpc_service"), "listen.extproc", l.listen("extproc"), true)
+		g := ep.GetGrpcService()
+		l.grpcTarget(g, problem.Key(p, "grpc_service"), "listen.extproc", l.listen("extproc"), true)
+		if lc, ok := l.clusters[g.GetEnvoyGrpc().GetClusterName()]; ok && endpoints(lc.c) > 1 &&
+			!slices.Contains(strings.Split(g.GetRetryPolicy().GetRetryOn(), ","), "connect-failure") {
+			// Several replicas (docs/ha.md): a killed leader refuses connections until the health
+			// check sees it.
+			l.add(problem.Fields(p, "grpc_service.retry_policy"), "cluster %q has %d endpoints (Narwhal replicas): set a retry_policy with retry_on connect-failure (and previous_hosts as its retry_host_predicate), so that a stream a killed leader cannot take opens on another replica",
+				g.GetEnvoyGrpc().GetClusterName(), endpoints(lc.c))
+		}
 	case ep.GetHttpService() != nil:
 		l.add(problem.Key(p, "http_service"), "Narwhal speaks the gRPC ext_proc protocol only (and http_service cannot send bodies): use grpc_service {envoy_grpc: {cluster_name: %s}}", ExtProcCluster)
 	default:

@@ -562,6 +562,10 @@ func TestReplicasNeedAHealthCheck(t *testing.T) {
 	if !hasProblem(ps, want{"static_resources.clusters[0].health_checks", "no gRPC health check"}) {
 		t.Fatalf("two endpoints, no health check:%s", dump(ps))
 	}
+	noRetry := cut(t, doc, "                retry_policy:\n", "              # Fail closed")
+	if ps := bootstrap.Validate([]byte(noRetry), cfg); !hasProblem(ps, want{"static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0].typed_config.grpc_service.retry_policy", "set a retry_policy with retry_on connect-failure"}) {
+		t.Fatalf("two endpoints, no retry policy:%s", dump(ps))
+	}
 	wrongPort := edit(t, doc, `{address: "127.0.0.2", port_value: 9002}`, `{address: "127.0.0.2", port_value: 9003}`)
 	if ps := bootstrap.Validate([]byte(wrongPort), cfg); !hasProblem(ps, want{"static_resources.clusters[0].load_assignment.endpoints[0].lb_endpoints[1].endpoint.address.socket_address", "the ports differ"}) {
 		t.Fatalf("a replica on the wrong port:%s", dump(ps))
