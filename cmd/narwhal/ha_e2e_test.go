@@ -1,18 +1,22 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/narwhal-llm/narwhal/extproc/envoytest"
 	"github.com/narwhal-llm/narwhal/internal/etcdtest"
 )
 
@@ -169,10 +173,7 @@ func TestServeHATakeover(t *testing.T) {
 // standby reports itself leader on /narwhal/state; it prints p50 and max. Without the variable
 // it runs one round of each, as a check that the loop works.
 func TestHATakeoverFigures(t *testing.T) {
-	rounds := 1
-	if n, err := strconv.Atoi(os.Getenv("NARWHAL_HA_ROUNDS")); err == nil && n > 0 {
-		rounds = n
-	}
+	rounds := haRounds()
 	const ttl = 2
 	_, cfg := haFleet(t, ttl, "/narwhal-figures", "prefill", "decode")
 	leads := func(r replicaProc) {
@@ -291,4 +292,106 @@ func TestServeHAEtcdDown(t *testing.T) {
 	if code := readyz(admin); code != 200 {
 		t.Fatalf("the leader's /readyz with etcd down: %d", code)
 	}
+}
+
+// haRounds is NARWHAL_HA_ROUNDS (make bench-ha), 1 without it.
+func haRounds() int {
+	if n, err := strconv.Atoi(os.Getenv("NARWHAL_HA_ROUNDS")); err == nil && n > 0 {
+		return n
+	}
+	return 1
+}
+
+// Issue 11, requests lost at a kill: streamed completions go through the Envoy-faithful gateway
+// to the leader at a steady rate; half way the leader is killed (SIGKILL). Every request whose
+// ext_proc stream was open on it — waiting, prefilling, decoding — is lost (a 500 before the
+// response started, a reset after), and only those: a request that ended before the kill
+// succeeded. After the takeover a request through the new leader succeeds. The figures (how
+// many were in flight, how many lost and how) go to docs/benchmarks.md (make bench-ha).
+func TestHAKillUnderLoad(t *testing.T) {
+	const (
+		ttl    = 2
+		rate   = 20 // requests a second
+		sent   = 60 // a round's requests; the kill comes after the first half
+		tokens = 200 // output tokens a request: about a second on enginesim's default profile
+	)
+	_, cfg := haFleet(t, ttl, "/narwhal-load", "prefill", "prefill", "decode", "decode")
+	mode := envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, AllowModeOverride: true,
+		MessageTimeout: time.Minute, ReceivingNamespaces: []string{"envoy.lb"}}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	type result struct {
+		start, end time.Time
+		status     int
+		done       bool // the stream ended with [DONE]
+	}
+	send := func(url string, r *result) {
+		r.start = time.Now()
+		defer func() { r.end = time.Now() }()
+		body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":%d,"stream":true}`, strings.Repeat("word", 200), tokens)
+		resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		r.status, r.done = resp.StatusCode, bytes.Contains(b, []byte("[DONE]"))
+	}
+	var inFlight, lost, before500, midStream, endedBefore, after []int
+	leader, standby := startReplica(t, cfg, "leader"), startReplica(t, cfg, "standby")
+	for round := range haRounds() {
+		_, extproc, _ := leader.p.serving(t)
+		_, hs := envoytest.StartGateway(t, extproc, mode)
+		results := make([]result, sent)
+		var wg sync.WaitGroup
+		var killed time.Time
+		begin := time.Now()
+		for i := range results {
+			time.Sleep(time.Until(begin.Add(time.Duration(i) * time.Second / rate))) // the load's pace
+			if i == sent/2 {
+				_ = leader.p.cmd.Process.Kill()
+				killed = time.Now()
+			}
+			wg.Go(func() { send(hs.URL, &results[i]) })
+		}
+		wg.Wait()
+		_ = leader.p.cmd.Wait()
+		var n, l, b5, mid, ok, late int
+		for i, r := range results {
+			switch {
+			case r.end.Before(killed): // ended before the kill: must have succeeded
+				ok++
+				if r.status != 200 || !r.done {
+					t.Errorf("round %d: request %d ended before the kill with status %d, done %v", round, i, r.status, r.done)
+				}
+			case !r.start.Before(killed): // sent to the dead leader: refused (Envoy's retry policy's part)
+				late++
+				if r.status == 200 {
+					t.Errorf("round %d: request %d, sent after the kill, succeeded", round, i)
+				}
+			default: // its stream open on the leader at the kill
+				n++
+				if r.status != 200 || !r.done {
+					l++
+					if r.status == 200 {
+						mid++
+					} else {
+						b5++
+					}
+				}
+			}
+		}
+		inFlight, lost, before500, midStream, endedBefore, after = append(inFlight, n), append(lost, l), append(before500, b5), append(midStream, mid), append(endedBefore, ok), append(after, late)
+		waitFor(t, standby.admin, 5*ttl*time.Second, "the standby leads", func(s stateView) bool { return s.HA.Role == "leader" })
+		_, extproc, _ = standby.p.serving(t)
+		_, hs = envoytest.StartGateway(t, extproc, mode)
+		var next result
+		send(hs.URL, &next)
+		if next.status != 200 || !next.done {
+			t.Fatalf("round %d: a request through the new leader: status %d, done %v", round, next.status, next.done)
+		}
+		leader, standby = standby, startReplica(t, cfg, "standby")
+	}
+	t.Logf("lease %d s, %d rounds, %d streamed requests a round at %d/s (%d output tokens), killed after %d: "+
+		"ended before the kill %v; in flight at the kill %v, lost %v (500 before the response %v, reset mid-stream %v); sent to the dead leader after it (refused) %v",
+		ttl, haRounds(), sent, rate, tokens, sent/2, endedBefore, inFlight, lost, before500, midStream, after)
 }
