@@ -62,7 +62,7 @@ bench-sim:
 
 # Takeover figures of docs/benchmarks.md: 20 kills and 20 SIGTERMs of the leader on a real etcd.
 bench-ha:
-	NARWHAL_HA_ROUNDS=20 $(GO) test -count=1 -timeout 30m -run='^(TestHATakeoverFigures|TestHAKillUnderLoad)$$$$' -v ./cmd/narwhal
+	NARWHAL_HA_ROUNDS=20 $(GO) test -count=1 -timeout 30m -run='^(TestHATakeoverFigures|TestHAKillUnderLoad)$$' -v ./cmd/narwhal
 
 clean:
 	rm -rf $(BIN)

@@ -100,6 +100,19 @@ func TestServeHATakeover(t *testing.T) {
 	if !sameRoles(rolesOf(st), before) {
 		t.Fatalf("the standby serves other roles: %v, the leader %v", rolesOf(st), before)
 	}
+	// A stream Envoy sends to the standby anyway (its panic mode, when no replica passes the
+	// health check) is placed with the roles it follows, not refused.
+	_, bExtproc, _ := b.p.serving(t)
+	_, hs := envoytest.StartGateway(t, bExtproc, envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed,
+		AllowModeOverride: true, MessageTimeout: time.Minute, ReceivingNamespaces: []string{"envoy.lb"}})
+	resp, err := http.Post(hs.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"hello","max_tokens":4}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body, _ := io.ReadAll(resp.Body); resp.StatusCode != 200 {
+		t.Fatalf("a request through the standby: %s %s", resp.Status, body)
+	}
+	resp.Body.Close()
 
 	waitFor(t, a.admin, 10*time.Second, "the leader has decided", func(s stateView) bool { return len(s.Decisions) > 1 })
 	// The leader dies without a word.
@@ -311,8 +324,8 @@ func haRounds() int {
 func TestHAKillUnderLoad(t *testing.T) {
 	const (
 		ttl    = 2
-		rate   = 20 // requests a second
-		sent   = 60 // a round's requests; the kill comes after the first half
+		rate   = 20  // requests a second
+		sent   = 60  // a round's requests; the kill comes after the first half
 		tokens = 200 // output tokens a request: about a second on enginesim's default profile
 	)
 	_, cfg := haFleet(t, ttl, "/narwhal-load", "prefill", "prefill", "decode", "decode")
