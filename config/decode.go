@@ -393,8 +393,9 @@ func clip(s string) string {
 	return string(r[:limit]) + "..."
 }
 
-// isName reports whether s is non-empty and made only of [A-Za-z0-9._-].
-func isName(s string) bool {
+// IsName reports whether s is non-empty and made only of [A-Za-z0-9._-]: an engine id or a
+// profile name.
+func IsName(s string) bool {
 	if s == "" {
 		return false
 	}

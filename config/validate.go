@@ -471,7 +471,7 @@ func (k *checker) profile(path, name string, p Profile) {
 	switch {
 	case name == "":
 		k.add(path, nil, "a profile name must not be empty")
-	case !isName(name):
+	case !IsName(name):
 		k.add(path, nil, "a profile name must use only A-Z a-z 0-9 . _ -, got %q", name)
 	}
 	if p.Prefill == nil && p.Decode == nil {
@@ -546,7 +546,7 @@ func (k *checker) engineID(p, id string, i int, ids map[string]int) {
 	switch j, dup := ids[id]; {
 	case id == "":
 		k.add(p+".id", nil, "must not be empty")
-	case !isName(id):
+	case !IsName(id):
 		k.add(p+".id", nil, "must use only A-Z a-z 0-9 . _ -, got %q", id)
 	case dup:
 		k.add(p+".id", []string{fmt.Sprintf("engines[%d].id", j)}, "duplicate id %q (also engines[%d])", id, j)

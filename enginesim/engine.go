@@ -41,6 +41,10 @@ type Options struct {
 	// Client sends prefill requests to remote prefillers (nil = a keep-alive pooled client
 	// owned by the engine).
 	Client *http.Client
+	// MaxModelLen is the context limit, as vLLM's --max-model-len: a request whose prompt
+	// plus output exceeds it is refused (400 context_length_exceeded), and /v1/models reports
+	// it as max_model_len. 0: no limit beyond max_kv_tokens, none reported.
+	MaxModelLen int
 }
 
 // maxBodyBytes bounds a request body.
@@ -158,14 +162,15 @@ func (e *Engine) serveHealth(w http.ResponseWriter) {
 
 func (e *Engine) serveModels(w http.ResponseWriter) {
 	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		OwnedBy string `json:"owned_by"`
+		ID          string `json:"id"`
+		Object      string `json:"object"`
+		OwnedBy     string `json:"owned_by"`
+		MaxModelLen int    `json:"max_model_len,omitempty"`
 	}
 	writeJSON(w, http.StatusOK, struct {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
-	}{"list", []model{{e.opts.Model, "model", "enginesim"}}})
+	}{"list", []model{{e.opts.Model, "model", "enginesim", e.opts.MaxModelLen}}})
 }
 
 // writeJSON writes v as a JSON response.

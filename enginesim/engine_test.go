@@ -664,3 +664,35 @@ func TestCloseFailsPending(t *testing.T) {
 		t.Errorf("stream after Close ended with %q", rest[max(0, len(rest)-200):])
 	}
 }
+
+// MaxModelLen: /v1/models reports it as vLLM does, a request over it is refused with vLLM's
+// code, and a drawn output is shortened to fit.
+func TestMaxModelLen(t *testing.T) {
+	te := startEngine(t, Options{Profile: fastProfile(), Model: "m", MaxModelLen: 100})
+	resp, err := te.client.Get(te.url + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var models struct {
+		Data []struct {
+			ID          string `json:"id"`
+			MaxModelLen int    `json:"max_model_len"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&models); err != nil || len(models.Data) != 1 || models.Data[0].MaxModelLen != 100 {
+		t.Fatalf("/v1/models: %+v %v", models, err)
+	}
+	resp.Body.Close()
+	over := te.post(context.Background(), t, "/v1/completions", `{"model":"m","prompt":[`+strings.Repeat("1,", 90)+`1],"max_tokens":20}`)
+	body, _ := io.ReadAll(over.Body)
+	over.Body.Close()
+	if over.StatusCode != 400 || !strings.Contains(string(body), "context_length_exceeded") {
+		t.Fatalf("over the limit: %d %s", over.StatusCode, body)
+	}
+	drawn := te.post(context.Background(), t, "/v1/completions", `{"model":"m","prompt":[`+strings.Repeat("1,", 95)+`1]}`)
+	var r struct{ Usage usage }
+	if err := json.NewDecoder(drawn.Body).Decode(&r); err != nil || r.Usage.PromptTokens+r.Usage.CompletionTokens > 100 {
+		t.Fatalf("a drawn output: %+v %v", r.Usage, err)
+	}
+	drawn.Body.Close()
+}

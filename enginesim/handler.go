@@ -97,6 +97,14 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, kind apiK
 // refused as vLLM refuses a request beyond its context).
 func (e *Engine) fit(prompt, output int, explicit, disagg bool) (int, *apiError) {
 	p := e.opts.Profile
+	if m := e.opts.MaxModelLen; m > 0 && prompt+output > m {
+		if explicit || prompt >= m {
+			return 0, &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "context_length_exceeded",
+				message: "prompt (" + strconv.Itoa(prompt) + " tokens) plus output (" + strconv.Itoa(output) +
+					" tokens) exceeds this model's maximum context length of " + strconv.Itoa(m) + " tokens"}
+		}
+		output = m - prompt
+	}
 	if !disagg && p.Prefill == nil {
 		return 0, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "phase_unavailable",
 			message: "this engine's profile has no prefill curve; send " + headerPrefiller}

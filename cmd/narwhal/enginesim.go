@@ -17,6 +17,7 @@ func newEngineSim(g *globalFlags, stderr io.Writer) *cobra.Command {
 	var (
 		path, listen, profile, role string
 		seed                        int64
+		maxModelLen                 int
 	)
 	cmd := &cobra.Command{
 		Use:   "enginesim --listen ADDR --profile NAME [--config FILE] [--role R]",
@@ -52,6 +53,7 @@ func newEngineSim(g *globalFlags, stderr io.Writer) *cobra.Command {
 				Seed:                seed,
 				DefaultOutputTokens: cfg.Router.DefaultOutputTokens,
 				Logger:              log,
+				MaxModelLen:         maxModelLen,
 			})
 			if err != nil && ctx.Err() == nil {
 				return failureErr(err)
@@ -65,6 +67,7 @@ func newEngineSim(g *globalFlags, stderr io.Writer) *cobra.Command {
 	f.StringVar(&path, "config", "", "config file (YAML); the embedded default without it")
 	f.StringVar(&role, "role", config.RoleDecode, "role reported by /health (prefill or decode); any phase is served")
 	f.Int64Var(&seed, "seed", 1, "seed of the noise and output-length draws")
+	f.IntVar(&maxModelLen, "max-model-len", 0, "context limit (prompt plus output tokens), reported by /v1/models as max_model_len; 0 for none")
 	_ = cmd.MarkFlagRequired("listen")
 	return cmd
 }

@@ -1,0 +1,212 @@
+package profiler
+
+import (
+	"bytes"
+	"context"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/enginesim"
+)
+
+// serveEngine runs an enginesim engine with the true profile prof on a port the system picks and
+// returns its URL.
+func serveEngine(t testing.TB, prof config.Profile, maxModelLen int) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_ = enginesim.Serve(ctx, ln, enginesim.Options{Profile: prof, Model: "m", Role: "decode", MaxModelLen: maxModelLen})
+	})
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return "http://" + ln.Addr().String()
+}
+
+// other is a profile unlike the default: a slower, more quadratic prefill, a decode dearer per
+// stream and per KV token, and small limits.
+func other() config.Profile {
+	return config.Profile{
+		Prefill:            &config.PrefillCurve{BaseS: 0.025, PerTokenS: 3e-5, PerToken2S: 2e-9, MaxTokens: 8192},
+		PrefillConcurrency: 4,
+		Decode:             &config.DecodeCurve{BaseS: 0.008, PerStreamS: 1.5e-4, PerKVTokenS: 8e-8, MaxStreams: 48, MaxKVTokens: 150000},
+		KVTransferS:        0.02,
+	}
+}
+
+// within checks that got is within tol (relative) of want.
+func within(t *testing.T, what string, got, want, tol float64) {
+	t.Helper()
+	if math.Abs(got-want) > tol*want {
+		t.Errorf("%s: fitted %.6g, true %.6g (%.1f%%, want within %.0f%%)", what, got, want, 100*(got-want)/want, 100*tol)
+	}
+}
+
+// Issue 12: profiled against enginesim engines of known profiles — the default and one with other
+// coefficients and limits — the fitted curves predict the true prefill and decode times within
+// 5% over the profiled range, and the limits within 10%; the YAML block it writes validates.
+func TestProfileRecoversKnownProfiles(t *testing.T) {
+	budget := 25 * time.Second
+	if s, err := strconv.Atoi(os.Getenv("NARWHAL_PROFILE_BUDGET_S")); err == nil && s > 0 {
+		budget = time.Duration(s) * time.Second
+	}
+	for _, c := range []struct {
+		name        string
+		prof        config.Profile
+		maxModelLen int
+		handoff     bool // measure kv_transfer_s through a second engine
+	}{
+		{"default", config.DefaultProfile(), 16384, false},
+		{"other", other(), 8192, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e, err := NewEngine(serveEngine(t, c.prof, c.maxModelLen), "m")
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := Options{Engine: e, Budget: budget}
+			if c.handoff {
+				if o.Prefiller, err = NewEngine(serveEngine(t, c.prof, c.maxModelLen), "m"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			res, err := Run(context.Background(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out bytes.Buffer
+			res.WriteYAML(&out, c.name)
+			t.Logf("%s\n%s", res.Elapsed, out.String())
+			if res.Err != nil {
+				t.Fatalf("run: %v", res.Err)
+			}
+			got, ok := res.Profile()
+			if !ok || got.Prefill == nil || got.Decode == nil {
+				t.Fatalf("no profile: %+v", got)
+			}
+			truth := c.prof
+			if got.Prefill.MaxTokens < c.maxModelLen*9/10 {
+				t.Errorf("the ladder reached %d tokens of %d", got.Prefill.MaxTokens, c.maxModelLen)
+			}
+			for n := 32; n <= got.Prefill.MaxTokens; n = n*3/2 + 1 {
+				within(t, "prefill at "+strconv.Itoa(n), got.Prefill.Seconds(n), truth.Prefill.Seconds(n), 0.05)
+			}
+			for _, d := range res.Decode { // over the measured range
+				within(t, "decode step at "+strconv.Itoa(d.Streams)+" streams, "+strconv.Itoa(d.KVTokens)+" KV",
+					got.Decode.StepSeconds(d.Streams, d.KVTokens), truth.Decode.StepSeconds(d.Streams, d.KVTokens), 0.05)
+			}
+			within(t, "max_streams", float64(got.Decode.MaxStreams), float64(truth.Decode.MaxStreams), 0.10)
+			within(t, "max_kv_tokens", float64(got.Decode.MaxKVTokens), float64(truth.Decode.MaxKVTokens), 0.10)
+			if c.handoff {
+				if len(res.KVTransfer) == 0 {
+					t.Error("no handoff measured")
+				}
+				within(t, "kv_transfer_s", got.KVTransferS, truth.KVTransferS, 0.20) // two engines and a hop: about 8% over here
+			}
+			cfg, err := config.Load([]byte(out.String() + "engines:\n- {id: e1, address: \"127.0.0.1:1\", role: prefill, profile: " + c.name +
+				"}\n- {id: e2, address: \"127.0.0.1:2\", role: decode, profile: " + c.name + "}\n"))
+			if err != nil {
+				t.Fatalf("the written block does not validate: %v", err)
+			}
+			if cfg.Profiles[c.name].Decode == nil {
+				t.Fatal("the written block lost its decode curve")
+			}
+		})
+	}
+}
+
+// Bad input: an unreachable URL, a server that is not OpenAI-compatible, a model the engine does
+// not serve — each a clear error, before anything is measured.
+func TestProfileRefusesWhatItCannotMeasure(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	notAI := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "<html>welcome to nginx</html>", http.StatusNotFound)
+	}))
+	defer notAI.Close()
+	live := serveEngine(t, config.DefaultProfile(), 0)
+	for _, c := range []struct{ url, model, want string }{
+		{dead, "m", "connection refused"},
+		{notAI.URL, "m", "is not an OpenAI-compatible server: GET /v1/models answered 404"},
+		{live, "llama", `does not serve model "llama" (it serves m)`},
+	} {
+		e, err := NewEngine(c.url, c.model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Run(context.Background(), Options{Engine: e, Budget: time.Second}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", c.url, err, c.want)
+		}
+	}
+	if _, err := NewEngine("10.0.0.1:8000", "m"); err == nil {
+		t.Error("a URL without a scheme was taken")
+	}
+}
+
+// An engine that starts failing mid-sweep: the run ends with the error, what was measured is
+// kept, and the block written says it is incomplete and carries the measurements.
+func TestProfileKeepsWhatItMeasured(t *testing.T) {
+	eng := enginesim.New(enginesim.Options{Profile: config.DefaultProfile(), Model: "m", MaxModelLen: 16384})
+	defer eng.Close()
+	var mu sync.Mutex
+	completions := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/completions" {
+			mu.Lock()
+			completions++
+			n := completions
+			mu.Unlock()
+			if n > 20 {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusInternalServerError)
+				_, _ = w.Write([]byte(`{"error":{"message":"CUDA error: an illegal memory access","type":"server_error","code":"internal"}}`))
+				return
+			}
+		}
+		eng.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	e, err := NewEngine(srv.URL, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(context.Background(), Options{Engine: e, Budget: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Err == nil || !strings.Contains(res.Err.Error(), "prefill at") || !strings.Contains(res.Err.Error(), "answered 500 internal: CUDA error") {
+		t.Fatalf("the run's error: %v", res.Err)
+	}
+	if len(res.Prefill) != 18 || res.PrefillFit == nil { // 20 completions less the two that size prompts
+		t.Fatalf("kept %d prefills, fit %v", len(res.Prefill), res.PrefillFit)
+	}
+	var out bytes.Buffer
+	if !res.WriteYAML(&out, "partial") {
+		t.Fatal("nothing written from a fitted prefill curve")
+	}
+	s := out.String()
+	for _, want := range []string{"# INCOMPLETE: prefill at", "answered 500", "prefill: {base_s:", "# measured prefills"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("the block lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Contains(s, "decode: {") {
+		t.Errorf("a decode curve from no decode batch:\n%s", s)
+	}
+}
