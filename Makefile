@@ -7,7 +7,7 @@ LDFLAGS     := -s -w -X main.version=$(VERSION)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 TEST_FLAGS  ?= -race -count=1 -timeout=30m
 
-.PHONY: all build run test lint fmt vet staticcheck bench bench-sim bench-ha fuzz check-long clean
+.PHONY: all build run test lint fmt vet staticcheck bench bench-sim bench-ha bench-profile fuzz check-long clean
 
 all: build
 
@@ -63,6 +63,9 @@ bench-sim:
 # Takeover figures of docs/benchmarks.md: 20 kills and 20 SIGTERMs of the leader on a real etcd.
 bench-ha:
 	NARWHAL_HA_ROUNDS=20 $(GO) test -count=1 -timeout 30m -run='^(TestHATakeoverFigures|TestHAKillUnderLoad)$$' -v ./cmd/narwhal
+
+bench-profile:
+	NARWHAL_PROFILE_BUDGET_S=120 $(GO) test -count=1 -timeout 30m -run='^TestProfileRecoversKnownProfiles$$' -v ./profiler
 
 clean:
 	rm -rf $(BIN)

@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
@@ -116,14 +117,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	r.MaxModelLen = served.MaxModelLen
 	m, merr := o.Engine.Metrics(ctx)
 	r.HasMetrics = merr == nil
-	p := &run{o: o, r: r, begin: begin, ctx: ctx, metrics0: m}
-	if r.RTT, err = roundTrip(ctx, o.Engine); err != nil {
-		return nil, err
-	}
-	p.sizer, err = calibrate(ctx, o.Engine)
+	probe, err := NewProbe(ctx, o.Engine)
 	if err != nil {
 		return nil, err
 	}
+	r.RTT = probe.RTT
+	p := &run{o: o, r: r, begin: begin, ctx: ctx, metrics0: m, probe: probe}
 	switch {
 	case o.MaxPromptTokens > 0:
 		r.PromptTop = o.MaxPromptTokens
@@ -171,11 +170,9 @@ type run struct {
 	r        *Result
 	ctx      context.Context
 	begin    time.Time
-	sizer    sizer
+	probe    *Probe
 	metrics0 Metrics
-	nonce    int
-	mu       sync.Mutex // nonce
-	kvSeen   []float64  // KV capacity estimates from the decode batches' scrapes
+	kvSeen   []float64 // KV capacity estimates from the decode batches' scrapes
 }
 
 func (p *run) note(format string, args ...any) {
@@ -188,14 +185,60 @@ func (p *run) progress(phase string, done, total int, detail string) {
 	}
 }
 
-// prompt is a prompt of about n tokens (the engine's count), unique so that no prefix cache
-// serves it.
-func (p *run) prompt(n int) string {
-	p.mu.Lock()
-	p.nonce++
-	id := p.nonce
-	p.mu.Unlock()
-	return p.sizer.prompt(n, id)
+// Probe times prompts of a wanted size on one engine: prompts sized by the engine's own token
+// count, unique so that no prefix cache serves them, times to first token with the network's
+// round trip taken off.
+type Probe struct {
+	Engine *Engine
+	RTT    time.Duration // the median round trip of GET /v1/models
+	sizer  sizer
+	nonce  atomic.Int64
+}
+
+// NewProbe measures e's round trip and calibrates prompt sizes on it (two completions).
+func NewProbe(ctx context.Context, e *Engine) (*Probe, error) {
+	p := &Probe{Engine: e}
+	var err error
+	if p.RTT, err = roundTrip(ctx, e); err != nil {
+		return nil, err
+	}
+	if p.sizer, err = calibrate(ctx, e); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Prompt is a prompt of about n tokens (the engine's count), unique.
+func (p *Probe) Prompt(n int) string { return p.sizer.prompt(n, int(p.nonce.Add(1))) }
+
+// Prefill times one prompt of about n tokens alone (max_tokens 1).
+func (p *Probe) Prefill(ctx context.Context, n int) (PrefillPoint, error) {
+	tr, err := p.Engine.Stream(ctx, Request{Prompt: p.Prompt(n), MaxTokens: 1})
+	if err == nil && (len(tr.Tokens) == 0 || tr.PromptTokens == 0) {
+		err = fmt.Errorf("POST /v1/completions: no token or no usage.prompt_tokens in the stream")
+	}
+	if err != nil {
+		return PrefillPoint{}, err
+	}
+	return PrefillPoint{PromptTokens: tr.PromptTokens, TTFTS: (tr.TTFT() - p.RTT).Seconds()}, nil
+}
+
+// Decode times a batch of streams concurrent streams of prompt tokens and output tokens each:
+// its decode step. An engine that queued some of them behind others gives no step (an error
+// saying how many it ran at once).
+func (p *Probe) Decode(ctx context.Context, streams, prompt, output int) (DecodePoint, error) {
+	b := p.batch(ctx, streams, prompt, output, false)
+	if b.err != nil {
+		return DecodePoint{}, b.err
+	}
+	if n, _, ok := b.streamLimit(); ok {
+		return DecodePoint{}, fmt.Errorf("the engine ran %d of %d streams at once", n, streams)
+	}
+	d, ok := b.step()
+	if !ok {
+		return DecodePoint{}, fmt.Errorf("the %d streams were never all decoding at once", streams)
+	}
+	return d, nil
 }
 
 // prefill measures the ladder, one prompt at a time, and fits the curve.
@@ -211,10 +254,7 @@ ladder:
 				break ladder
 			}
 			p.progress("prefill", i*p.o.Repeats+k, total, fmt.Sprintf("%d tokens", n))
-			tr, e := p.o.Engine.Stream(p.ctx, Request{Prompt: p.prompt(n), MaxTokens: 1})
-			if e == nil && (len(tr.Tokens) == 0 || tr.PromptTokens == 0) {
-				e = fmt.Errorf("POST /v1/completions: no token or no usage.prompt_tokens in the stream")
-			}
+			pt, e := p.probe.Prefill(p.ctx, n)
 			if ContextExceeded(e) {
 				p.note("prefill: the engine refused a %d-token prompt as over its context; the ladder ends there", n)
 				break ladder
@@ -223,7 +263,7 @@ ladder:
 				err = fmt.Errorf("prefill at %d tokens: %w", n, e)
 				break ladder
 			}
-			p.r.Prefill = append(p.r.Prefill, PrefillPoint{PromptTokens: tr.PromptTokens, TTFTS: (tr.TTFT() - p.r.RTT).Seconds()})
+			p.r.Prefill = append(p.r.Prefill, pt)
 		}
 	}
 	p.progress("prefill", total, total, "fitting")
@@ -262,9 +302,9 @@ type sample struct {
 	m  Metrics
 }
 
-// runBatch sends n concurrent streams of prompt tokens and output tokens each, scraping the
-// engine's metrics every 50 ms while they run (when it has them).
-func (p *run) runBatch(n, prompt, output int) batch {
+// batch sends n concurrent streams of prompt tokens and output tokens each, scraping the
+// engine's metrics every 50 ms while they run when scrape is set.
+func (p *Probe) batch(ctx context.Context, n, prompt, output int, scrape bool) batch {
 	var b batch
 	b.traces = make([]Trace, n)
 	errs := make([]error, n)
@@ -272,7 +312,7 @@ func (p *run) runBatch(n, prompt, output int) batch {
 	done := make(chan struct{})
 	var samples []sample
 	var sw sync.WaitGroup
-	if p.r.HasMetrics {
+	if scrape {
 		sw.Go(func() {
 			t := time.NewTicker(50 * time.Millisecond)
 			defer t.Stop()
@@ -281,7 +321,7 @@ func (p *run) runBatch(n, prompt, output int) batch {
 				case <-done:
 					return
 				case <-t.C:
-					if m, err := p.o.Engine.Metrics(p.ctx); err == nil {
+					if m, err := p.Engine.Metrics(ctx); err == nil {
 						samples = append(samples, sample{time.Now(), m})
 					}
 				}
@@ -290,7 +330,7 @@ func (p *run) runBatch(n, prompt, output int) batch {
 	}
 	for i := range n {
 		wg.Go(func() {
-			b.traces[i], errs[i] = p.o.Engine.Stream(p.ctx, Request{Prompt: p.prompt(prompt), MaxTokens: output})
+			b.traces[i], errs[i] = p.Engine.Stream(ctx, Request{Prompt: p.Prompt(prompt), MaxTokens: output})
 		})
 	}
 	wg.Wait()
@@ -341,7 +381,7 @@ func (p *run) decode(deadline time.Time) error {
 			break
 		}
 		p.progress("decode", i, len(cells), fmt.Sprintf("%d streams × %d tokens", c.streams, c.prompt))
-		b := p.runBatch(c.streams, c.prompt, p.o.DecodeTokens)
+		b := p.probe.batch(p.ctx, c.streams, c.prompt, p.o.DecodeTokens, p.r.HasMetrics)
 		if b.err != nil {
 			err = fmt.Errorf("decode, %d streams of %d tokens: %w", c.streams, c.prompt, b.err)
 			break
@@ -465,7 +505,7 @@ func (p *run) limits(deadline time.Time) error {
 				break
 			}
 			p.progress("limits", 0, 2, fmt.Sprintf("%d streams", b))
-			bt := p.runBatch(b, short, out)
+			bt := p.probe.batch(p.ctx, b, short, out, p.r.HasMetrics)
 			if bt.err != nil {
 				return fmt.Errorf("limits, %d streams: %w", b, bt.err)
 			}
@@ -527,7 +567,7 @@ func (p *run) kvKnee(deadline time.Time) error {
 			break
 		}
 		p.progress("limits", 1, 2, fmt.Sprintf("KV: %d streams × %d tokens", b, long))
-		bt := p.runBatch(b, long, out)
+		bt := p.probe.batch(p.ctx, b, long, out, p.r.HasMetrics)
 		if bt.err != nil {
 			return fmt.Errorf("limits, %d streams of %d tokens: %w", b, long, bt.err)
 		}
@@ -569,12 +609,12 @@ func (p *run) handoff(deadline time.Time) error {
 				return nil
 			}
 			p.progress("handoff", i, len(lengths), fmt.Sprintf("%d tokens", n))
-			prompt := p.prompt(n)
-			alone, err := p.o.Prefiller.Stream(p.ctx, Request{Prompt: prompt + " ", MaxTokens: 1})
+			// Two prompts of one length, each new to the prefiller's prefix cache.
+			alone, err := p.o.Prefiller.Stream(p.ctx, Request{Prompt: p.probe.Prompt(n), MaxTokens: 1})
 			if err != nil {
 				return fmt.Errorf("handoff: the prefiller alone: %w", err)
 			}
-			via, err := p.o.Engine.Stream(p.ctx, Request{Prompt: prompt, MaxTokens: 2, Header: h})
+			via, err := p.o.Engine.Stream(p.ctx, Request{Prompt: p.probe.Prompt(n), MaxTokens: 2, Header: h})
 			if err != nil {
 				return fmt.Errorf("handoff: a request pulling from the prefiller %s: %w", u.Host, err)
 			}
@@ -583,7 +623,7 @@ func (p *run) handoff(deadline time.Time) error {
 				step = f.Coef[0] + f.Coef[1] + f.Coef[2]*float64(via.PromptTokens)
 			}
 			// via has one round trip more than alone: the engine's to the prefiller.
-			p.r.KVTransfer = append(p.r.KVTransfer, max(0, (via.TTFT()-alone.TTFT()-p.r.RTT).Seconds()-step))
+			p.r.KVTransfer = append(p.r.KVTransfer, max(0, (via.TTFT()-alone.TTFT()-p.probe.RTT).Seconds()-step))
 		}
 	}
 	return nil

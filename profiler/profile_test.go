@@ -46,6 +46,13 @@ func other() config.Profile {
 	}
 }
 
+func maxStreams(d []DecodePoint) (n int) {
+	for _, p := range d {
+		n = max(n, p.Streams)
+	}
+	return n
+}
+
 // within checks that got is within tol (relative) of want.
 func within(t *testing.T, what string, got, want, tol float64) {
 	t.Helper()
@@ -100,13 +107,19 @@ func TestProfileRecoversKnownProfiles(t *testing.T) {
 			if got.Prefill.MaxTokens < c.maxModelLen*9/10 {
 				t.Errorf("the ladder reached %d tokens of %d", got.Prefill.MaxTokens, c.maxModelLen)
 			}
+			worstP, worstD := 0.0, 0.0
 			for n := 32; n <= got.Prefill.MaxTokens; n = n*3/2 + 1 {
 				within(t, "prefill at "+strconv.Itoa(n), got.Prefill.Seconds(n), truth.Prefill.Seconds(n), 0.05)
+				worstP = max(worstP, math.Abs(got.Prefill.Seconds(n)/truth.Prefill.Seconds(n)-1))
 			}
 			for _, d := range res.Decode { // over the measured range
 				within(t, "decode step at "+strconv.Itoa(d.Streams)+" streams, "+strconv.Itoa(d.KVTokens)+" KV",
 					got.Decode.StepSeconds(d.Streams, d.KVTokens), truth.Decode.StepSeconds(d.Streams, d.KVTokens), 0.05)
+				worstD = max(worstD, math.Abs(got.Decode.StepSeconds(d.Streams, d.KVTokens)/truth.Decode.StepSeconds(d.Streams, d.KVTokens)-1))
 			}
+			t.Logf("budget %v: prefill within %.1f%% up to %d tokens, decode within %.1f%% over %d batches (up to %d streams), max_streams %d (true %d), max_kv_tokens %d (true %d), kv_transfer_s %.4g (true %.4g)",
+				budget, 100*worstP, got.Prefill.MaxTokens, 100*worstD, len(res.Decode), maxStreams(res.Decode), got.Decode.MaxStreams, truth.Decode.MaxStreams,
+				got.Decode.MaxKVTokens, truth.Decode.MaxKVTokens, got.KVTransferS, truth.KVTransferS)
 			within(t, "max_streams", float64(got.Decode.MaxStreams), float64(truth.Decode.MaxStreams), 0.10)
 			within(t, "max_kv_tokens", float64(got.Decode.MaxKVTokens), float64(truth.Decode.MaxKVTokens), 0.10)
 			if c.handoff {

@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -325,16 +326,30 @@ func TestServeErrors(t *testing.T) {
 
 func runBin(t testing.TB, args ...string) (string, int) {
 	t.Helper()
+	var out bytes.Buffer
+	code := runBinTo(t, &out, &out, args...)
+	return out.String(), code
+}
+
+// runBinOut runs the binary and returns its stdout alone (what a pipe would get), and its exit code.
+func runBinOut(t testing.TB, args ...string) (string, int) {
+	t.Helper()
+	var out bytes.Buffer
+	code := runBinTo(t, &out, io.Discard, args...)
+	return out.String(), code
+}
+
+func runBinTo(t testing.TB, stdout, stderr io.Writer, args ...string) int {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, narwhalBin, args...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Stdout, cmd.Stderr = stdout, stderr
 	err := cmd.Run()
 	if err != nil && cmd.ProcessState == nil {
 		t.Fatal(err)
 	}
-	return out.String(), cmd.ProcessState.ExitCode()
+	return cmd.ProcessState.ExitCode()
 }
 
 func TestValidateCommand(t *testing.T) {

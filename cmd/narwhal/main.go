@@ -85,6 +85,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		newAudit(stdout),
 		newSim(stdout, stderr),
 		newProfile(stdout, stderr),
+		newPreflight(stdout),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",
