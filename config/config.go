@@ -164,6 +164,9 @@ type Controller struct {
 	Profile    ProfileFit `yaml:"profile" json:"profile"`
 	Reactive   Reactive   `yaml:"reactive" json:"reactive"`
 	Thresholds Thresholds `yaml:"thresholds" json:"thresholds"`
+	// SwitchTimeoutS bounds one in-place role switch (POST /pd_role_switch on an engine with
+	// switch: sglang): past it the switch has failed.
+	SwitchTimeoutS float64 `yaml:"switch_timeout_s" json:"switch_timeout_s"`
 }
 
 // Monitor sets the cadence of floor repair passes.
@@ -296,7 +299,19 @@ type Engine struct {
 	Role    string `yaml:"role" json:"role"`
 	Profile string `yaml:"profile" json:"profile"`
 	Pinned  bool   `yaml:"pinned" json:"pinned"`
+	// Switch is how the engine changes role: SwitchRouting (routing alone) or SwitchSGLang
+	// (held out of placement, drained, then told: POST /pd_role_switch).
+	Switch string `yaml:"switch" json:"switch"`
 }
+
+// SwitchesInPlace reports whether the engine must be told to change role (switch: sglang).
+func (e *Engine) SwitchesInPlace() bool { return e.Switch == SwitchSGLang }
+
+// Switch methods (engines[].switch; docs/role-control.md section 11).
+const (
+	SwitchRouting = "routing"
+	SwitchSGLang  = "sglang"
+)
 
 // Seconds converts a config duration in seconds to a time.Duration.
 func Seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

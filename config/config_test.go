@@ -25,7 +25,7 @@ engines:
 // fourEngines is the embedded default's fleet.
 func fourEngines() []Engine {
 	e := func(id, addr, role string) Engine {
-		return Engine{ID: id, Address: addr, Role: role, Profile: DefaultProfileName}
+		return Engine{ID: id, Address: addr, Role: role, Profile: DefaultProfileName, Switch: SwitchRouting}
 	}
 	return []Engine{
 		e("e1", "127.0.0.1:8001", RolePrefill),
@@ -564,8 +564,8 @@ engines:
 		t.Errorf("min_decode = %d, want the default 1 for null", cfg.Controller.MinDecode)
 	}
 	want := []Engine{
-		{ID: "e1", Address: "10.0.0.1:8000", Role: RolePrefill, Profile: DefaultProfileName, Pinned: true},
-		{ID: "e2", Address: "10.0.0.2:8000", Role: RoleDecode, Profile: DefaultProfileName, Pinned: true},
+		{ID: "e1", Address: "10.0.0.1:8000", Role: RolePrefill, Profile: DefaultProfileName, Pinned: true, Switch: SwitchRouting},
+		{ID: "e2", Address: "10.0.0.2:8000", Role: RoleDecode, Profile: DefaultProfileName, Pinned: true, Switch: SwitchRouting},
 	}
 	if !reflect.DeepEqual(cfg.Engines, want) {
 		t.Errorf("engines = %+v, want %+v (setDefaults profile, merge key)", cfg.Engines, want)

@@ -39,6 +39,7 @@ func Default() *Config {
 				FlipResidentGuard: 8,
 				OpenWindow:        OpenWindow{Expand: 1.2, Shrink: 0.25},
 			},
+			SwitchTimeoutS: 120,
 		},
 		Health: Health{Path: "/health", IntervalS: 1, TimeoutS: 0.5, UnhealthyAfter: 3, HealthyAfter: 3, RecoverS: 10,
 			Passive: Passive{ConsecutiveFailures: 3}},
@@ -77,4 +78,4 @@ func (c *DecodeCurve) setDefaults() {
 	c.MaxStreams, c.MaxKVTokens = d.MaxStreams, d.MaxKVTokens
 }
 
-func (e *Engine) setDefaults() { e.Profile = DefaultProfileName }
+func (e *Engine) setDefaults() { e.Profile, e.Switch = DefaultProfileName, SwitchRouting }

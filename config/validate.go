@@ -328,6 +328,7 @@ func (k *checker) controller(c Controller) {
 	k.geInt("controller.min_decode", int64(c.MinDecode), 0)
 	k.gt("controller.monitor.interval_s", c.Monitor.IntervalS, 0)
 	k.geInt("controller.profile.min_samples", int64(c.Profile.MinSamples), 0)
+	k.gt("controller.switch_timeout_s", c.SwitchTimeoutS, 0)
 	k.reactive(c.Reactive)
 	k.thresholds(c.Thresholds)
 }
@@ -537,6 +538,9 @@ func (k *checker) engines(engines []Engine, profiles map[string]Profile) bool {
 		p := fmt.Sprintf("engines[%d]", i)
 		k.engineID(p, e.ID, i, ids)
 		k.engineAddress(p, e, i, addrs, engines)
+		if e.Switch != "" { // "" (an engine built in code) is routing
+			k.oneOf(p+".switch", e.Switch, SwitchRouting, SwitchSGLang)
+		}
 		ok = k.engineRole(p, e, profiles) && ok
 	}
 	return ok
