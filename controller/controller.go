@@ -423,7 +423,7 @@ func (c *Controller) decide(d Decision, cand *candidate) Decision {
 		}
 		return c.advise(d, &failed[0])
 	}
-	d.Switch = "routing"
+	d.Switch = switchMethod(cand.donor)
 	from, to := cand.donor.Role.String(), fleet.Prefill.String()
 	if cand.dir == ToDecode {
 		to = fleet.Decode.String()
@@ -691,7 +691,7 @@ func (c *Controller) repair(s *state, dir string, n int) Decision {
 		after = Split{len(s.cur.Prefill) + len(moved), len(s.cur.Decode) - len(moved)}
 	}
 	d.SplitAfter = after
-	d.Switch = "routing"
+	d.Switch = switchMethod(moved...)
 	if c.cfg.Advisory {
 		d.Outcome, d.AdvisoryResult, d.SplitAfter = OutcomeAdvisory, "would_move", after
 		return d
@@ -814,9 +814,20 @@ func (c *Controller) readmit(s *state, e fleet.Engine) Decision {
 		d.Outcome, d.AdvisoryResult = OutcomeAdvisory, "would_move"
 		return d
 	}
-	d.Outcome, d.Switch = OutcomeMoved, "routing"
+	d.Outcome, d.Switch = OutcomeMoved, switchMethod(e)
 	d.Moves = []Move{{Engine: e.ID, From: e.Role.String(), To: want.String()}}
 	return d
+}
+
+// switchMethod is how the engines moved change role: config.SwitchSGLang when any of them
+// switches in place (docs/role-control.md section 11), else config.SwitchRouting.
+func switchMethod(es ...fleet.Engine) string {
+	for _, e := range es {
+		if e.InPlace {
+			return config.SwitchSGLang
+		}
+	}
+	return config.SwitchRouting
 }
 
 // ErrProposal is a proposed split Advise cannot evaluate.

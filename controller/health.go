@@ -87,7 +87,7 @@ func Apply(h *Health, f *fleet.Fleet, now time.Time, id string, ok bool) (fleet.
 // next is the lifecycle the engine moves to after its latest probe, or zero.
 func (h *Health) next(e *fleet.Engine, s *streak, now time.Time) fleet.Lifecycle {
 	switch e.Lifecycle {
-	case fleet.Active:
+	case fleet.Active, fleet.Switching: // a switching engine that stops answering has failed
 		if s.failed >= h.cfg.UnhealthyAfter {
 			return fleet.Failed
 		}

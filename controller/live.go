@@ -261,8 +261,10 @@ func (p livePreparer) Prepare(engine string) {
 
 // ApplyDecision makes a decision's moves in the fleet at now (the decision's time), and hands
 // a regular or urgent evaluation's prepared donor (or none) to placement, as the live wrapper
-// and the simulator do. A move the fleet refuses (an engine an operator pinned in between) is
-// logged and left out of the record, whose outcome and split say what happened. log may be nil.
+// and the simulator do. An engine that switches by routing takes its new role at once; one
+// that switches in place (switch: sglang) starts its switch (lifecycle switching; a Switcher
+// ends it). A move the fleet refuses (an engine an operator pinned in between) is logged and
+// left out of the record, whose outcome and split say what happened. log may be nil.
 func ApplyDecision(f *fleet.Fleet, p Preparer, d *Decision, now time.Time, log *slog.Logger) {
 	if d.Caller == CallerRegular || d.Caller == CallerUrgent {
 		defer p.Prepare(d.Prepare)
@@ -271,7 +273,11 @@ func ApplyDecision(f *fleet.Fleet, p Preparer, d *Decision, now time.Time, log *
 	for _, m := range d.Moves {
 		role, err := fleet.ParseRole(m.To)
 		if err == nil {
-			_, err = f.SetRole(m.Engine, role, now, DecisionCause(d.Seq))
+			if e, _ := f.Engine(m.Engine); e.InPlace {
+				_, err = f.StartSwitch(m.Engine, role, now, DecisionCause(d.Seq))
+			} else {
+				_, err = f.SetRole(m.Engine, role, now, DecisionCause(d.Seq))
+			}
 		}
 		if err != nil {
 			if log != nil {
@@ -348,6 +354,8 @@ func (l *Log) Fleet(ev fleet.Event) {
 		rec["pinned"] = ev.Pinned
 	case fleet.EventHold:
 		rec["held"] = ev.Held
+	case fleet.EventSwitch:
+		rec["from"], rec["to"], rec["result"] = ev.From, ev.To, string(ev.Result)
 	default:
 		rec["from"], rec["to"] = ev.From, ev.To
 	}

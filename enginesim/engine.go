@@ -41,6 +41,12 @@ type Options struct {
 	// Client sends prefill requests to remote prefillers (nil = a keep-alive pooled client
 	// owned by the engine).
 	Client *http.Client
+	// RoleSwitch serves SGLang's POST /pd_role_switch (docs: switch.go); RoleSwitchS is how
+	// long a switch rebuilds the engine, and RoleSwitchFail makes every switch fail and the
+	// engine unhealthy (a rebuild that fails).
+	RoleSwitch     bool
+	RoleSwitchS    float64
+	RoleSwitchFail bool
 	// MaxModelLen is the context limit, as vLLM's --max-model-len: a request whose prompt
 	// plus output exceeds it is refused (400 context_length_exceeded), and /v1/models reports
 	// it as max_model_len. 0: no limit beyond max_kv_tokens, none reported.
@@ -68,6 +74,7 @@ type Engine struct {
 	ids       atomic.Uint64
 	closeOnce sync.Once
 	closed    atomic.Bool
+	sw        roleSwitch
 }
 
 // New starts an engine (its scheduler goroutine runs until Close).
@@ -90,8 +97,9 @@ func New(o Options) *Engine {
 	if e.client == nil {
 		e.client, e.ownClient = defaultClient(), true
 	}
+	e.sw.role = o.Role
 	e.loop = newLoop(newScheduler(o.Profile, o.NoiseSigma, o.Seed))
-	e.metrics = newMetricsHandler(e.loop, o.Model, o.Role)
+	e.metrics = newMetricsHandler(e.loop, o.Model, &e.sw)
 	return e
 }
 
@@ -130,6 +138,10 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if allow(w, r, http.MethodGet) {
 			e.serveModels(w)
 		}
+	case "/pd_role_switch":
+		if allow(w, r, http.MethodPost) {
+			e.servePDRoleSwitch(w, r)
+		}
 	default:
 		writeError(w, &apiError{status: http.StatusNotFound, message: "no route for " + r.URL.Path,
 			typ: "invalid_request_error", code: "not_found"})
@@ -149,15 +161,19 @@ func allow(w http.ResponseWriter, r *http.Request, method string) bool {
 }
 
 func (e *Engine) serveHealth(w http.ResponseWriter) {
+	role, healthy := e.sw.state()
 	status, code := "ok", http.StatusOK
-	if e.closed.Load() {
+	switch {
+	case e.closed.Load():
 		status, code = "closed", http.StatusServiceUnavailable
+	case !healthy:
+		status, code = "unhealthy", http.StatusServiceUnavailable
 	}
 	writeJSON(w, code, struct {
 		Status string `json:"status"`
 		Role   string `json:"role"`
 		Model  string `json:"model"`
-	}{status, e.opts.Role, e.opts.Model})
+	}{status, role, e.opts.Model})
 }
 
 func (e *Engine) serveModels(w http.ResponseWriter) {

@@ -696,3 +696,66 @@ func TestMaxModelLen(t *testing.T) {
 	}
 	drawn.Body.Close()
 }
+
+// POST /pd_role_switch as SGLang answers it: refused unless enabled, with a bad body, while a
+// request is in flight; otherwise the role /health reports changes; with RoleSwitchFail the
+// switch fails and the engine is unhealthy from then on.
+func TestPDRoleSwitch(t *testing.T) {
+	type answer struct {
+		Success                   bool
+		Message, OldRole, NewRole string
+	}
+	ask := func(te *testEngine, body string) (int, answer) {
+		var a struct {
+			Success bool   `json:"success"`
+			Message string `json:"message"`
+			OldRole string `json:"old_role"`
+			NewRole string `json:"new_role"`
+		}
+		code := te.postJSON(t, "/pd_role_switch", body, &a)
+		return code, answer{a.Success, a.Message, a.OldRole, a.NewRole}
+	}
+	health := func(te *testEngine) (int, string) {
+		resp, err := te.client.Get(te.url + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var h struct{ Status, Role string }
+		_ = json.NewDecoder(resp.Body).Decode(&h)
+		return resp.StatusCode, h.Role
+	}
+	off := startEngine(t, Options{Profile: fastProfile(), Role: "decode"})
+	if code, a := ask(off, `{"new_role":"prefill"}`); code != 400 || a.Success || !strings.Contains(a.Message, "not enabled") {
+		t.Errorf("not enabled: %d %+v", code, a)
+	}
+	te := startEngine(t, Options{Profile: fastProfile(), Role: "decode", RoleSwitch: true})
+	if code, a := ask(te, `{"new_role":"both"}`); code != 400 || a.Success {
+		t.Errorf("a bad role: %d %+v", code, a)
+	}
+	// A stream in flight: not idle.
+	ctx, cancel := context.WithCancel(context.Background())
+	resp := te.post(ctx, t, "/v1/completions", `{"model":"m","prompt":"x","max_tokens":100000,"stream":true}`)
+	if code, a := ask(te, `{"new_role":"prefill"}`); code != 400 || a.Success || !strings.Contains(a.Message, "not idle: 1 requests") {
+		t.Errorf("busy: %d %+v", code, a)
+	}
+	cancel()
+	resp.Body.Close()
+	te = startEngine(t, Options{Profile: fastProfile(), Role: "decode", RoleSwitch: true}) // an idle one
+	if code, a := ask(te, `{"new_role":"prefill"}`); code != 200 || a != (answer{true, "switched from decode to prefill", "decode", "prefill"}) {
+		t.Errorf("idle: %d %+v", code, a)
+	}
+	if code, role := health(te); code != 200 || role != "prefill" {
+		t.Errorf("/health after the switch: %d %s", code, role)
+	}
+	bad := startEngine(t, Options{Profile: fastProfile(), Role: "prefill", RoleSwitchFail: true, RoleSwitch: true})
+	if code, a := ask(bad, `{"new_role":"decode"}`); code != 500 || a.Success || a.NewRole != "prefill" {
+		t.Errorf("a failing rebuild: %d %+v", code, a)
+	}
+	if code, role := health(bad); code != 503 || role != "prefill" {
+		t.Errorf("/health after a failed switch: %d %s", code, role)
+	}
+	if n := bad.sw.failed.Load() + te.sw.ok.Load(); n != 2 {
+		t.Errorf("switch counters: %d", n)
+	}
+}

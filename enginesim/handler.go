@@ -37,6 +37,11 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, kind apiK
 		writeError(w, aerr)
 		return
 	}
+	if aerr := e.sw.admit(); aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	defer e.sw.done()
 	prefiller := r.Header.Get(headerPrefiller)
 	if prefiller != "" {
 		if _, _, err := net.SplitHostPort(prefiller); err != nil {

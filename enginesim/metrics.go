@@ -12,19 +12,22 @@ import (
 type collector struct {
 	l     *loop
 	model string
-	role  string
+	sw    *roleSwitch
 
 	running, waiting, kvUsage    *prometheus.Desc
 	promptTokens, genTokens      *prometheus.Desc
 	success, cancelled, infoDesc *prometheus.Desc
+	switches                     *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*collector)(nil)
 
-func newCollector(l *loop, model, role string) *collector {
+func newCollector(l *loop, model string, sw *roleSwitch) *collector {
 	m := []string{"model_name"}
 	return &collector{
-		l: l, model: model, role: role,
+		l: l, model: model, sw: sw,
+		switches: prometheus.NewDesc("enginesim_role_switches_total",
+			"POST /pd_role_switch answers, by result: ok, refused (not enabled, not idle, in progress, a bad body), failed.", []string{"model_name", "result"}, nil),
 		running: prometheus.NewDesc("vllm:num_requests_running",
 			"Number of requests prefilling or decoding.", m, nil),
 		waiting: prometheus.NewDesc("vllm:num_requests_waiting",
@@ -46,7 +49,7 @@ func newCollector(l *loop, model, role string) *collector {
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.kvUsage, c.promptTokens, c.genTokens, c.success, c.cancelled, c.infoDesc} {
+	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.kvUsage, c.promptTokens, c.genTokens, c.success, c.cancelled, c.infoDesc, c.switches} {
 		ch <- d
 	}
 }
@@ -67,12 +70,16 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.success, counter, float64(s.counts.successLength), c.model, "length")
 	ch <- prometheus.MustNewConstMetric(c.success, counter, float64(s.counts.successStop), c.model, "stop")
 	ch <- prometheus.MustNewConstMetric(c.cancelled, counter, float64(s.counts.cancelled), c.model)
-	ch <- prometheus.MustNewConstMetric(c.infoDesc, gauge, 1, c.model, c.role)
+	role, _ := c.sw.state()
+	ch <- prometheus.MustNewConstMetric(c.infoDesc, gauge, 1, c.model, role)
+	ch <- prometheus.MustNewConstMetric(c.switches, counter, float64(c.sw.ok.Load()), c.model, "ok")
+	ch <- prometheus.MustNewConstMetric(c.switches, counter, float64(c.sw.refused.Load()), c.model, "refused")
+	ch <- prometheus.MustNewConstMetric(c.switches, counter, float64(c.sw.failed.Load()), c.model, "failed")
 }
 
 // newMetricsHandler serves the engine's metrics from a private registry.
-func newMetricsHandler(l *loop, model, role string) http.Handler {
+func newMetricsHandler(l *loop, model string, sw *roleSwitch) http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newCollector(l, model, role))
+	reg.MustRegister(newCollector(l, model, sw))
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }

@@ -197,13 +197,13 @@ func lbEndpoint(m *member, lb *structpb.Struct) *endpointv3.LbEndpoint {
 	}
 }
 
-// HealthStatus is the EDS health of a lifecycle: HEALTHY for active, DRAINING for draining,
-// UNHEALTHY for failed and recovering.
+// HealthStatus is the EDS health of a lifecycle: HEALTHY for active, DRAINING for draining and
+// for an engine held while it switches role in place, UNHEALTHY for failed and recovering.
 func HealthStatus(l fleet.Lifecycle) corev3.HealthStatus {
 	switch l {
 	case fleet.Active:
 		return corev3.HealthStatus_HEALTHY
-	case fleet.Draining:
+	case fleet.Draining, fleet.Switching:
 		return corev3.HealthStatus_DRAINING
 	}
 	return corev3.HealthStatus_UNHEALTHY

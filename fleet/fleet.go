@@ -76,7 +76,7 @@ func New(cfg *config.Config, now time.Time) (*Fleet, error) {
 		}
 		f.index[ce.ID] = len(f.engines)
 		f.engines = append(f.engines, Engine{
-			ID: ce.ID, Address: ce.Address, Addr: ce.Address, Profile: ce.Profile,
+			ID: ce.ID, Address: ce.Address, Addr: ce.Address, Profile: ce.Profile, InPlace: ce.SwitchesInPlace(),
 			Role: role, Lifecycle: Active, Pinned: ce.Pinned,
 			RoleSince: now, LifecycleSince: now,
 		})
@@ -177,11 +177,15 @@ func (f *Fleet) SetPinned(id string, pinned bool, now time.Time, cause string) (
 }
 
 // SetLifecycle moves an engine to another lifecycle; only the transitions of CanBecome exist,
-// and a held (operator-drained) engine leaves draining only through Undrain.
+// a held (operator-drained) engine leaves draining only through Undrain, and only the
+// switches (StartSwitch, FinishSwitch) enter switching or end it well.
 func (f *Fleet) SetLifecycle(id string, to Lifecycle, now time.Time, cause string) (Engine, error) {
 	return f.update(id, func(e *Engine) ([]Event, error) {
-		if e.Held {
+		switch {
+		case e.Held:
 			return nil, fmt.Errorf("%w: engine %s is drained by an operator", ErrTransition, e.ID)
+		case to == Switching || e.Lifecycle == Switching && to == Active:
+			return nil, fmt.Errorf("%w: engine %s: %s -> %s is a switch's (StartSwitch, FinishSwitch)", ErrTransition, e.ID, e.Lifecycle, to)
 		}
 		ev, err := setLifecycle(e, to, now, cause)
 		if err != nil {
@@ -209,6 +213,85 @@ func (f *Fleet) SetRole(id string, to Role, now time.Time, cause string) (Engine
 	})
 }
 
+// StartSwitch begins an in-place role switch of an engine that needs one (InPlace): it leaves
+// placement (switching) and keeps its role until FinishSwitch; cause names the decision.
+func (f *Fleet) StartSwitch(id string, to Role, now time.Time, cause string) (Engine, error) {
+	return f.update(id, func(e *Engine) ([]Event, error) {
+		switch {
+		case !e.InPlace:
+			return nil, fmt.Errorf("%w: engine %s changes role by routing (switch: routing)", ErrTransition, e.ID)
+		case to != Prefill && to != Decode:
+			return nil, fmt.Errorf("%w: engine %s: invalid role %v", ErrTransition, e.ID, to)
+		case e.Role == to:
+			return nil, fmt.Errorf("%w: engine %s is already %s", ErrTransition, e.ID, to)
+		case e.Pinned:
+			return nil, fmt.Errorf("%w: engine %s is pinned to %s", ErrTransition, e.ID, e.Role)
+		case e.SwitchTo != 0:
+			return nil, fmt.Errorf("%w: engine %s is already switching to %s", ErrTransition, e.ID, e.SwitchTo)
+		case e.Lifecycle != Active:
+			return nil, fmt.Errorf("%w: engine %s is %s, not active", ErrTransition, e.ID, e.Lifecycle)
+		}
+		ev, err := setLifecycle(e, Switching, now, cause)
+		if err != nil {
+			return nil, err
+		}
+		e.SwitchTo, e.SwitchCause = to, cause
+		return []Event{ev}, nil
+	})
+}
+
+// AskSwitch records that a switching engine is being asked to switch (its residents finished),
+// once.
+func (f *Fleet) AskSwitch(id string, now time.Time, detail string) (Engine, error) {
+	return f.update(id, func(e *Engine) ([]Event, error) {
+		switch {
+		case e.SwitchTo == 0 || e.Lifecycle != Switching:
+			return nil, fmt.Errorf("%w: engine %s is not switching", ErrTransition, e.ID)
+		case e.SwitchAsked:
+			return nil, fmt.Errorf("%w: engine %s has been asked already", ErrTransition, e.ID)
+		}
+		e.SwitchAsked = true
+		return []Event{{Time: now, Kind: EventSwitch, Engine: e.ID, From: e.Role.String(), To: e.SwitchTo.String(), Cause: detail, Result: SwitchAsked}}, nil
+	})
+}
+
+// FinishSwitch ends the switch under way: succeeded, the engine takes its new role (a role
+// event naming the decision that started the switch) and, if still switching, becomes active;
+// failed, a switching engine becomes failed (the floors are then repaired); abandoned (it left
+// switching before it was asked), nothing but the end is recorded. detail says why; every end
+// is a switch event.
+func (f *Fleet) FinishSwitch(id string, result SwitchResult, now time.Time, detail string) (Engine, error) {
+	return f.update(id, func(e *Engine) ([]Event, error) {
+		if e.SwitchTo == 0 {
+			return nil, fmt.Errorf("%w: engine %s has no switch under way", ErrTransition, e.ID)
+		}
+		evs := []Event{{Time: now, Kind: EventSwitch, Engine: e.ID, From: e.Role.String(), To: e.SwitchTo.String(), Cause: detail, Result: result}}
+		switching := e.Lifecycle == Switching
+		switch result {
+		case SwitchSucceeded:
+			evs = append(evs, Event{Time: now, Kind: EventRole, Engine: e.ID, From: e.Role.String(), To: e.SwitchTo.String(), Cause: e.SwitchCause})
+			e.Role, e.RoleSince, e.Moved = e.SwitchTo, now, true
+			if switching {
+				ev, _ := setLifecycle(e, Active, now, "switch")
+				evs = append(evs, ev)
+			}
+		case SwitchFailed:
+			if switching {
+				ev, _ := setLifecycle(e, Failed, now, "switch failed: "+detail)
+				evs = append(evs, ev)
+			}
+		case SwitchAbandoned:
+			if e.SwitchAsked {
+				return nil, fmt.Errorf("%w: engine %s has been asked: its switch ends with the engine's answer", ErrTransition, e.ID)
+			}
+		default:
+			return nil, fmt.Errorf("%w: engine %s: unknown switch result %q", ErrTransition, e.ID, result)
+		}
+		e.SwitchTo, e.SwitchCause, e.SwitchAsked = 0, "", false
+		return evs, nil
+	})
+}
+
 // Restore puts back the durable state of a previous run (docs/durable-state.md): for each
 // engine of saved that the fleet has, its role, role-since time and whether it ever moved, its
 // lifecycle and lifecycle-since time, its operator hold, and its pin (a pin the config sets
@@ -225,12 +308,13 @@ func (f *Fleet) Restore(saved []Engine) (unknown []string, err error) {
 			unknown = append(unknown, s.ID)
 			continue
 		}
-		if (s.Role != Prefill && s.Role != Decode) || s.Lifecycle < Active || s.Lifecycle > Failed {
+		if (s.Role != Prefill && s.Role != Decode) || s.Lifecycle < Active || s.Lifecycle > Switching || s.SwitchTo > Decode {
 			return nil, fmt.Errorf("%w: engine %s: saved role %v, lifecycle %v", ErrTransition, s.ID, s.Role, s.Lifecycle)
 		}
 		e := &f.engines[i]
 		e.Role, e.RoleSince, e.Moved = s.Role, s.RoleSince, s.Moved
 		e.Lifecycle, e.LifecycleSince, e.Held = s.Lifecycle, s.LifecycleSince, s.Held
+		e.SwitchTo, e.SwitchCause = s.SwitchTo, s.SwitchCause
 		e.Pinned = e.Pinned || s.Pinned
 	}
 	f.version++

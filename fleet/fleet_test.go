@@ -2,7 +2,10 @@ package fleet
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -63,6 +66,7 @@ func TestLifecycleTransitions(t *testing.T) {
 		{Draining, Recovering}: true, {Draining, Failed}: true,
 		{Recovering, Active}: true, {Recovering, Failed}: true, {Recovering, Draining}: true,
 		{Failed, Recovering}: true, {Failed, Draining}: true,
+		{Active, Switching}: true, {Switching, Active}: true, {Switching, Failed}: true, {Switching, Draining}: true,
 	}
 	for _, from := range all {
 		for _, to := range all {
@@ -236,5 +240,97 @@ func TestConcurrent(t *testing.T) {
 	defer mu.Unlock()
 	if v := f.Version(); v != 1+uint64(events) || events == 0 {
 		t.Fatalf("version %d after %d changes", v, events)
+	}
+}
+
+// An in-place switch (switch: sglang): StartSwitch holds the engine out of placement in its old
+// role; a success gives it the new role (the role event names the decision) and makes it active;
+// a failure fails it; one abandoned records only its end. Engines that switch by routing, pinned
+// ones, ones not active, and a second switch are refused; SetLifecycle cannot enter or end one.
+func TestInPlaceSwitch(t *testing.T) {
+	cfg := testConfig()
+	for i := range cfg.Engines {
+		cfg.Engines[i].Switch = config.SwitchSGLang
+	}
+	cfg.Engines = append(cfg.Engines, config.Engine{ID: "e4", Address: "127.0.0.1:8004", Role: "decode", Profile: config.DefaultProfileName})
+	f, err := New(cfg, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var evs []Event
+	f.OnChange(func(ev Event) { evs = append(evs, ev) })
+	t1 := t0.Add(time.Minute)
+	for _, c := range []struct {
+		id  string
+		to  Role
+		err string
+	}{
+		{"e4", Prefill, "changes role by routing"},
+		{"e3", Prefill, "pinned"},
+		{"e2", Decode, "already decode"},
+	} {
+		if _, err := f.StartSwitch(c.id, c.to, t1, "decision 1"); !errors.Is(err, ErrTransition) || !strings.Contains(err.Error(), c.err) {
+			t.Errorf("StartSwitch(%s): %v, want %q", c.id, err, c.err)
+		}
+	}
+	e, err := f.StartSwitch("e2", Prefill, t1, "decision 7")
+	if err != nil || e.Lifecycle != Switching || e.Role != Decode || e.SwitchTo != Prefill || e.Live() {
+		t.Fatalf("StartSwitch: %+v %v", e, err)
+	}
+	if _, err := f.StartSwitch("e2", Prefill, t1, "decision 8"); err == nil {
+		t.Error("a second switch was started")
+	}
+	for _, to := range []Lifecycle{Active, Switching} {
+		if _, err := f.SetLifecycle("e2", to, t1, "health"); !errors.Is(err, ErrTransition) {
+			t.Errorf("SetLifecycle(switching -> %s): %v", to, err)
+		}
+	}
+	t2 := t1.Add(time.Second)
+	e, err = f.FinishSwitch("e2", SwitchSucceeded, t2, "engine: switched")
+	if err != nil || e.Lifecycle != Active || e.Role != Prefill || e.SwitchTo != 0 || !e.RoleSince.Equal(t2) || !e.Moved {
+		t.Fatalf("FinishSwitch succeeded: %+v %v", e, err)
+	}
+	if _, err := f.FinishSwitch("e2", SwitchSucceeded, t2, ""); err == nil {
+		t.Error("a switch ended twice")
+	}
+	// A failure: the engine is failed in its old role.
+	if _, err := f.StartSwitch("e1", Decode, t2, "decision 9"); err != nil {
+		t.Fatal(err)
+	}
+	if e, err = f.FinishSwitch("e1", SwitchFailed, t2, "engine: rebuild failed"); err != nil || e.Lifecycle != Failed || e.Role != Prefill {
+		t.Fatalf("FinishSwitch failed: %+v %v", e, err)
+	}
+	want := []string{
+		"lifecycle e2 active->switching decision 7",
+		"switch e2 decode->prefill engine: switched succeeded",
+		"role e2 decode->prefill decision 7",
+		"lifecycle e2 switching->active switch",
+		"lifecycle e1 active->switching decision 9",
+		"switch e1 prefill->decode engine: rebuild failed failed",
+		"lifecycle e1 switching->failed switch failed: engine: rebuild failed",
+	}
+	var got []string
+	for _, ev := range evs {
+		s := fmt.Sprintf("%s %s %s->%s %s", ev.Kind, ev.Engine, ev.From, ev.To, ev.Cause)
+		if ev.Result != "" {
+			s += " " + string(ev.Result)
+		}
+		got = append(got, s)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// Drained while switching: the lifecycle follows the operator; an abandoned end keeps it.
+	cfg2 := testConfig()
+	cfg2.Engines[1].Switch = config.SwitchSGLang
+	f2, _ := New(cfg2, t0)
+	if _, err := f2.StartSwitch("e2", Prefill, t1, "decision 1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f2.Drain("e2", t1, "admin"); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := f2.FinishSwitch("e2", SwitchAbandoned, t2, "left switching before the call"); err != nil || e.Lifecycle != Draining || e.Role != Decode || e.SwitchTo != 0 {
+		t.Fatalf("abandoned: %+v %v", e, err)
 	}
 }

@@ -48,6 +48,10 @@ const (
 	Draining
 	Recovering
 	Failed
+	// Switching: an engine that switches role in place (switch: sglang) is held out of
+	// placement while its residents finish and the engine is told (docs/role-control.md
+	// section 11); it keeps its old role until the switch succeeds.
+	Switching
 )
 
 func (l Lifecycle) String() string {
@@ -60,6 +64,8 @@ func (l Lifecycle) String() string {
 		return "recovering"
 	case Failed:
 		return "failed"
+	case Switching:
+		return "switching"
 	}
 	return fmt.Sprintf("Lifecycle(%d)", uint8(l))
 }
@@ -68,7 +74,7 @@ func (l Lifecycle) String() string {
 func (l Lifecycle) MarshalText() ([]byte, error) { return []byte(l.String()), nil }
 
 // Lifecycles lists every lifecycle in a fixed order (metrics, reports).
-var Lifecycles = [...]Lifecycle{Active, Draining, Recovering, Failed}
+var Lifecycles = [...]Lifecycle{Active, Draining, Recovering, Failed, Switching}
 
 // ParseLifecycle reads a lifecycle's name.
 func ParseLifecycle(s string) (Lifecycle, error) {
@@ -77,24 +83,26 @@ func ParseLifecycle(s string) (Lifecycle, error) {
 			return l, nil
 		}
 	}
-	return 0, fmt.Errorf("fleet: unknown lifecycle %q (want active, draining, recovering or failed)", s)
+	return 0, fmt.Errorf("fleet: unknown lifecycle %q (want active, draining, recovering, failed or switching)", s)
 }
 
 // Roles lists every role in a fixed order.
 var Roles = [...]Role{Prefill, Decode}
 
-// transitions lists the lifecycle changes that exist. Drains come from operators; the rest
-// from the health monitor:
+// transitions lists the lifecycle changes that exist. Drains come from operators, switches
+// from the role controller (StartSwitch, FinishSwitch); the rest from the health monitor:
 //
-//	active     -> draining (drain), failed (probes failed)
+//	active     -> draining (drain), failed (probes failed), switching (a move in place)
 //	draining   -> recovering (undrained, then healthy), failed (undrained, then probes failed)
 //	recovering -> active (recover_s passed), failed (a probe failed), draining (drain)
 //	failed     -> recovering (healthy again), draining (drain)
+//	switching  -> active (switched), failed (the switch failed, or probes failed), draining (drain)
 var transitions = map[Lifecycle][]Lifecycle{
-	Active:     {Draining, Failed},
+	Active:     {Draining, Failed, Switching},
 	Draining:   {Recovering, Failed},
 	Recovering: {Active, Failed, Draining},
 	Failed:     {Recovering, Draining},
+	Switching:  {Active, Failed, Draining},
 }
 
 // CanBecome reports whether the lifecycle may change from l to to.
@@ -113,8 +121,11 @@ type Engine struct {
 	Address string // as configured: host:port, the host may be a name
 	// Addr is the address placements and xDS use: IP:port, the configured address resolved
 	// (equal to Address until a resolution succeeds, or when Address is already an IP).
-	Addr      string
-	Profile   string
+	Addr    string
+	Profile string
+	// InPlace: the engine must be told to change role (switch: sglang); a move makes it
+	// Switching (StartSwitch) until the switch ends (FinishSwitch).
+	InPlace   bool
 	Role      Role
 	Lifecycle Lifecycle
 	Pinned    bool
@@ -127,6 +138,12 @@ type Engine struct {
 	Moved bool
 	// LifecycleSince is when the lifecycle last changed.
 	LifecycleSince time.Time
+	// SwitchTo is the role an in-place switch under way goes to (zero when none), and
+	// SwitchCause the decision that started it ("decision N": the role event names it).
+	SwitchTo    Role
+	SwitchCause string
+	// SwitchAsked: the engine has been asked (AskSwitch). Not durable: a restart asks again.
+	SwitchAsked bool
 }
 
 // Live reports whether the engine takes new placements.
@@ -142,6 +159,18 @@ const (
 	EventPin       EventKind = "pin"
 	EventHold      EventKind = "hold"
 	EventAddress   EventKind = "address"
+	EventSwitch    EventKind = "switch" // the end of an in-place switch: Result says how
+)
+
+// SwitchResult is how an in-place switch ended.
+type SwitchResult string
+
+// Switch results.
+const (
+	SwitchAsked     SwitchResult = "asked"     // its residents finished: the engine is being asked
+	SwitchSucceeded SwitchResult = "succeeded" // the engine switched: it takes its new role
+	SwitchFailed    SwitchResult = "failed"    // the engine refused or failed: it is failed
+	SwitchAbandoned SwitchResult = "abandoned" // never asked (it left switching first): its role stays
 )
 
 // Event is one change to the fleet, in the order the fleet applied it.
@@ -155,4 +184,6 @@ type Event struct {
 	Pinned  bool   // for EventPin
 	Held    bool   // for EventHold
 	Cause   string // who asked: "admin", "health", a decision sequence number...
+	// Result is how a switch ended (EventSwitch; From and To are its roles, Cause the detail).
+	Result SwitchResult
 }

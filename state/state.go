@@ -43,15 +43,19 @@ type File struct {
 
 // Engine is one engine's durable state.
 type Engine struct {
-	ID             string            `json:"id"`
-	Role           string            `json:"role"`
-	RoleSince      time.Time         `json:"role_since"`
-	Moved          bool              `json:"moved"`
-	Lifecycle      string            `json:"lifecycle"`
-	LifecycleSince time.Time         `json:"lifecycle_since"`
-	Pinned         bool              `json:"pinned"`
-	Held           bool              `json:"held"`
-	Correction     router.Correction `json:"correction"`
+	ID             string    `json:"id"`
+	Role           string    `json:"role"`
+	RoleSince      time.Time `json:"role_since"`
+	Moved          bool      `json:"moved"`
+	Lifecycle      string    `json:"lifecycle"`
+	LifecycleSince time.Time `json:"lifecycle_since"`
+	Pinned         bool      `json:"pinned"`
+	Held           bool      `json:"held"`
+	// SwitchTo and SwitchCause: an in-place role switch under way (lifecycle switching), the
+	// role it goes to and the decision that started it; a restart resumes it.
+	SwitchTo    string            `json:"switch_to,omitempty"`
+	SwitchCause string            `json:"switch_cause,omitempty"`
+	Correction  router.Correction `json:"correction"`
 }
 
 // Capture builds the state of a fleet snapshot, the controller's durable part and the router's
@@ -63,11 +67,15 @@ func Capture(snap fleet.Snapshot, c controller.Durable, loads []router.EngineLoa
 	}
 	f := &File{Version: Version, Written: now.UTC(), Controller: c}
 	for _, e := range snap.Engines {
-		f.Engines = append(f.Engines, Engine{
+		se := Engine{
 			ID: e.ID, Role: e.Role.String(), RoleSince: e.RoleSince.UTC(), Moved: e.Moved,
 			Lifecycle: e.Lifecycle.String(), LifecycleSince: e.LifecycleSince.UTC(),
-			Pinned: e.Pinned, Held: e.Held, Correction: corr[e.ID],
-		})
+			Pinned: e.Pinned, Held: e.Held, SwitchCause: e.SwitchCause, Correction: corr[e.ID],
+		}
+		if e.SwitchTo != 0 {
+			se.SwitchTo = e.SwitchTo.String()
+		}
+		f.Engines = append(f.Engines, se)
 	}
 	return f
 }
@@ -84,8 +92,14 @@ func (f *File) Fleet() ([]fleet.Engine, error) {
 		if err != nil {
 			return nil, fmt.Errorf("engines[%d] (%s): %w", i, e.ID, err)
 		}
+		var to fleet.Role
+		if e.SwitchTo != "" {
+			if to, err = fleet.ParseRole(e.SwitchTo); err != nil {
+				return nil, fmt.Errorf("engines[%d] (%s): switch_to: %w", i, e.ID, err)
+			}
+		}
 		out = append(out, fleet.Engine{ID: e.ID, Role: role, RoleSince: e.RoleSince, Moved: e.Moved,
-			Lifecycle: lc, LifecycleSince: e.LifecycleSince, Pinned: e.Pinned, Held: e.Held})
+			Lifecycle: lc, LifecycleSince: e.LifecycleSince, Pinned: e.Pinned, Held: e.Held, SwitchTo: to, SwitchCause: e.SwitchCause})
 	}
 	return out, nil
 }

@@ -18,6 +18,8 @@ func newEngineSim(g *globalFlags, stderr io.Writer) *cobra.Command {
 		path, listen, profile, role string
 		seed                        int64
 		maxModelLen                 int
+		pdSwitch, pdSwitchFail      bool
+		pdSwitchS                   float64
 	)
 	cmd := &cobra.Command{
 		Use:   "enginesim --listen ADDR --profile NAME [--config FILE] [--role R]",
@@ -54,6 +56,9 @@ func newEngineSim(g *globalFlags, stderr io.Writer) *cobra.Command {
 				DefaultOutputTokens: cfg.Router.DefaultOutputTokens,
 				Logger:              log,
 				MaxModelLen:         maxModelLen,
+				RoleSwitch:          pdSwitch || pdSwitchFail,
+				RoleSwitchS:         pdSwitchS,
+				RoleSwitchFail:      pdSwitchFail,
 			})
 			if err != nil && ctx.Err() == nil {
 				return failureErr(err)
@@ -67,6 +72,9 @@ func newEngineSim(g *globalFlags, stderr io.Writer) *cobra.Command {
 	f.StringVar(&path, "config", "", "config file (YAML); the embedded default without it")
 	f.StringVar(&role, "role", config.RoleDecode, "role reported by /health (prefill or decode); any phase is served")
 	f.Int64Var(&seed, "seed", 1, "seed of the noise and output-length draws")
+	f.BoolVar(&pdSwitch, "pd-role-switch", false, "serve SGLang's POST /pd_role_switch (its --enable-pd-role-switch): switch role in place, only while idle")
+	f.Float64Var(&pdSwitchS, "pd-role-switch-s", 0.2, "seconds a role switch rebuilds the engine (completions are refused meanwhile)")
+	f.BoolVar(&pdSwitchFail, "pd-role-switch-fail", false, "every role switch fails and leaves the engine unhealthy (implies --pd-role-switch)")
 	f.IntVar(&maxModelLen, "max-model-len", 0, "context limit (prompt plus output tokens), reported by /v1/models as max_model_len; 0 for none")
 	_ = cmd.MarkFlagRequired("listen")
 	return cmd

@@ -161,7 +161,11 @@ func (r *replica) persistDecision(f *fleet.Fleet, loads func() []router.EngineLo
 				return err
 			}
 			for i := range snap.Engines {
-				if e := &snap.Engines[i]; e.ID == m.Engine {
+				switch e := &snap.Engines[i]; {
+				case e.ID != m.Engine:
+				case e.InPlace: // as fleet.StartSwitch
+					e.Lifecycle, e.LifecycleSince, e.SwitchTo, e.SwitchCause = fleet.Switching, now, role, controller.DecisionCause(d.Seq)
+				default:
 					e.Role, e.RoleSince, e.Moved = role, now, true
 				}
 			}
