@@ -5,6 +5,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/controller"
 	"github.com/narwhal-llm/narwhal/envoy"
+	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
 )
@@ -76,6 +77,12 @@ type EngineState struct {
 	// Prepared marks the decode donor the controller is preparing for a move to prefill: no new
 	// decode streams while another decode engine has room (docs/role-control.md, section 7).
 	Prepared bool `json:"prepared"`
+	// Switch is how the engine changes role (routing or sglang); SwitchTo the role an in-place
+	// switch under way goes to (lifecycle switching), and SwitchAsked whether the engine has
+	// been asked (its residents finished).
+	Switch      string `json:"switch"`
+	SwitchTo    string `json:"switch_to,omitempty"`
+	SwitchAsked bool   `json:"switch_asked,omitempty"`
 }
 
 // EvidenceWindow is the arrival-evidence window (docs/role-control.md section 7).
@@ -107,11 +114,19 @@ func fleetState(st *State, snap *fleet.Snapshot, loads []router.EngineLoad) {
 }
 
 func engineState(e *fleet.Engine) EngineState {
-	return EngineState{
+	es := EngineState{
 		ID: e.ID, Address: e.Addr, Configured: e.Address,
 		Role: e.Role.String(), Lifecycle: e.Lifecycle.String(),
 		Pinned: e.Pinned, Drained: e.Held,
 		RoleSince: rfc3339(e.RoleSince), LifecycleSince: rfc3339(e.LifecycleSince),
 		Correction: router.Correction{Prefill: 1, Decode: 1},
+		Switch:     config.SwitchRouting, SwitchAsked: e.SwitchAsked,
 	}
+	if e.InPlace {
+		es.Switch = config.SwitchSGLang
+	}
+	if e.SwitchTo != 0 {
+		es.SwitchTo = e.SwitchTo.String()
+	}
+	return es
 }

@@ -216,17 +216,17 @@ func lifecycleOf(st stateView, id string) string {
 
 // startEngine starts an enginesim process in role on a port the system picks and returns it
 // with its address, once it serves.
-func startEngine(t testing.TB, role string) (*proc, string) {
+func startEngine(t testing.TB, role string, extra ...string) (*proc, string) {
 	t.Helper()
-	p := startEngineAt(t, anyPort, role)
+	p := startEngineAt(t, anyPort, role, extra...)
 	return p, logged(t, p.out, "enginesim serving", "addr")[0]
 }
 
 // startEngineAt starts an enginesim process on addr (an engine restarting where it was) and
 // waits until it serves.
-func startEngineAt(t testing.TB, addr, role string) *proc {
+func startEngineAt(t testing.TB, addr, role string, extra ...string) *proc {
 	t.Helper()
-	p := start(t, "enginesim", "--listen", addr, "--role", role)
+	p := start(t, append([]string{"enginesim", "--listen", addr, "--role", role}, extra...)...)
 	got := logged(t, p.out, "enginesim serving", "addr")[0]
 	resp, err := http.Get("http://" + got + "/health") // it listens before it logs
 	if err != nil {

@@ -165,6 +165,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		Path:   cfg.Health.Path,
 	}
 	monitor := controller.NewMonitor(cfg.Health, f, prober, controller.RealClock{}, metrics, log)
+	switcher := &controller.Switcher{Fleet: f, Router: live, Logger: log, Timeout: config.Seconds(cfg.Controller.SwitchTimeoutS),
+		Client: controller.SGLangSwitch{Client: &http.Client{}}} // engines with switch: sglang
 	resolveAll(ctx, f, cfg.Health, log) // placements carry IP:port from the first request on
 
 	var wg sync.WaitGroup
@@ -193,11 +195,13 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	wg.Go(func() { _ = xds.Run(runCtx) })
 	wg.Go(func() { _ = live.Run(runCtx) })
 	wg.Go(func() { live.Follow(runCtx, f) })
-	// The leader's loops: the health monitor, the role controller and the state writer. A single
-	// instance leads from the start; a replica once it wins the election.
+	// The leader's loops: the health monitor, the role controller, the switcher of in-place
+	// role switches and the state writer. A single instance leads from the start; a replica once
+	// it wins the election.
 	lead := func() {
 		wg.Go(func() { _ = monitor.Run(runCtx) })
 		wg.Go(func() { _ = roles.Run(runCtx) })
+		wg.Go(func() { switcher.Run(runCtx) })
 		wg.Go(func() { persist.Run(runCtx) }) // its last write follows the drain
 		persist.Kick()                        // the first start writes the config's state at once
 		health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
