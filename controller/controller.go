@@ -621,13 +621,25 @@ func seconds(s float64) string {
 // (the pass stays due) until it has nothing left.
 func (c *Controller) evaluateMonitor(s *state) (Decision, bool) {
 	p, d := len(s.cur.Prefill), len(s.cur.Decode)
+	// An engine switching in place toward a pool is on its way there: a floor it will restore
+	// needs no second engine (if its switch fails it is failed, and the next pass repairs).
+	toP, toD := 0, 0
+	for _, e := range s.fleet.Engines {
+		switch {
+		case e.Lifecycle != fleet.Switching:
+		case e.SwitchTo == fleet.Prefill:
+			toP++
+		case e.SwitchTo == fleet.Decode:
+			toD++
+		}
+	}
 	if !c.repaired { // one repair evaluation a pass
 		c.repaired = true
 		switch {
-		case d < c.cfg.MinDecode && p > c.cfg.MinPrefill:
+		case d+toD < c.cfg.MinDecode && p > c.cfg.MinPrefill:
 			return c.repair(s, ToDecode, 1), true
-		case p < c.cfg.MinPrefill && d > c.cfg.MinDecode:
-			return c.repair(s, ToPrefill, min(c.cfg.MinPrefill-p, d-c.cfg.MinDecode)), true
+		case p+toP < c.cfg.MinPrefill && d > c.cfg.MinDecode:
+			return c.repair(s, ToPrefill, min(c.cfg.MinPrefill-p-toP, d-c.cfg.MinDecode)), true
 		}
 	}
 	for _, e := range s.fleet.Engines {

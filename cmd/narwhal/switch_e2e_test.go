@@ -250,3 +250,60 @@ func TestServeInPlaceSwitch(t *testing.T) {
 		t.Fatalf("the steps of %s:\n%s\nwant\n%s", moved, strings.Join(steps, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// Issue 12, a switch that fails: the decode engine dies, and the floor repair moves a prefill
+// engine that switches in place (no second repair while it switches); its switch fails (the
+// engine answers success false and turns unhealthy), so it is failed, and the next repair moves
+// the next, whose switch succeeds: the decode floor is back (e4 keeps the prefill floor). Both
+// are in the decision log, which audits clean.
+func TestServeInPlaceSwitchFails(t *testing.T) {
+	_, bad := startEngine(t, "prefill", "--pd-role-switch-fail", "--pd-role-switch-s", "0.5")
+	_, good := startEngine(t, "prefill", "--pd-role-switch", "--pd-role-switch-s", "0.1")
+	decode, d := startEngine(t, "decode")
+	_, e4 := startEngine(t, "prefill")
+	engines := []string{bad, good, d}
+	cfg := controlConfig(engines, 0.1, 0.25, fmt.Sprintf("  - {id: e4, address: %q, role: prefill, profile: one}\n", e4)+
+		"health: {interval_s: 0.1, timeout_s: 0.1, unhealthy_after: 3, healthy_after: 3, recover_s: 0.5}")
+	cfg = strings.Replace(cfg, "role: prefill, profile: one}", "role: prefill, profile: one, switch: sglang}", 1)
+	cfg = strings.Replace(cfg, "role: decode, profile: one}", "role: prefill, profile: one, switch: sglang}", 1) // e2
+	decisions := filepath.Join(t.TempDir(), "decisions.jsonl")
+	srv := start(t, "serve", "--config", writeConfig(t, cfg), "--decisions", decisions)
+	admin, _, xdsAddr := srv.serving(t)
+	waitFor(t, admin, 10*time.Second, "four active engines", allActive(4))
+	eds := adsWatch(t, xdsAddr)
+
+	_ = decode.cmd.Process.Kill()
+	_ = decode.cmd.Wait()
+	awaitEDS(t, eds, "e2 repaired into decode, e1 failed", func(g map[string]map[string]string) bool {
+		return g["narwhal-decode"]["e2"] == "HEALTHY" && g["narwhal-prefill"]["e1"] == "UNHEALTHY" && g["narwhal-decode"]["e3"] == "UNHEALTHY"
+	})
+	st, err := getState(admin)
+	if err != nil || engineOf(st, "e1").Lifecycle != "failed" || engineOf(st, "e1").Role != "prefill" || engineOf(st, "e2").Role != "decode" {
+		t.Fatalf("state: %+v %v", st.Engines, err)
+	}
+	if s := switches(t, bad); s["failed"] != "1" || s["ok"] != "0" {
+		t.Errorf("e1's switches: %v", s)
+	}
+	if s := switches(t, good); s["ok"] != "1" || s["refused"] != "0" {
+		t.Errorf("e2's switches: %v", s)
+	}
+	if code, _ := srv.stop(t); code != 0 {
+		t.Fatalf("serve exit %d", code)
+	}
+	if out, code := runBin(t, "audit", "--decisions", decisions); code != 0 {
+		b, _ := os.ReadFile(decisions)
+		t.Fatalf("audit exit %d:\n%s\nlog:\n%s", code, out, b)
+	}
+	var steps []string
+	for _, l := range logLines(t, decisions) {
+		switch {
+		case l["kind"] == "decision" && l["outcome"] == "moved":
+			steps = append(steps, fmt.Sprintf("decision %v %v", l["caller"], l["switch"]))
+		case l["event"] == "switch" && l["result"] != "asked":
+			steps = append(steps, fmt.Sprintf("switch %v %v", l["engine"], l["result"]))
+		}
+	}
+	if want := "decision repair sglang; switch e1 failed; decision repair sglang; switch e2 succeeded"; strings.Join(steps, "; ") != want {
+		t.Fatalf("steps %q, want %q", strings.Join(steps, "; "), want)
+	}
+}
