@@ -258,19 +258,46 @@ type candidate struct {
 	donor fleet.Engine
 	split router.Split
 	price router.Pricing
+	// worst is what the move is judged by: price.Worst, or for a donor that switches in place
+	// the drain-weighted worst (inPlaceWorst).
+	worst float64
+}
+
+// inPlaceWorst weighs a move of a donor that switches in place (docs/role-control.md section
+// 11): for drainS seconds its residents drain and it serves in neither pool (the transitional
+// split, priced at trans); then, for the dwell it commits the engine to, the candidate split
+// (target). The move is taken only if this beats the current split by more than min_gain: the
+// gain over the dwell must outweigh the capacity lost while the donor drains.
+func inPlaceWorst(trans, target, drainS, dwellS float64) float64 {
+	if drainS <= 0 {
+		return target
+	}
+	if math.IsInf(trans, 1) {
+		return trans
+	}
+	h := max(dwellS, drainS)
+	return (drainS*trans + h*target) / (drainS + h)
 }
 
 // evaluateRegular is a regular pass (docs/role-control.md, section 5).
 func (c *Controller) evaluateRegular(s *state) Decision {
 	d := c.base(s, CallerRegular)
 	th := c.cfg.Thresholds
-	// The current split and both adjacent ones, priced together.
+	// The current split and both adjacent ones, priced together; for a donor that switches in
+	// place, also the split without it (while it drains).
 	var cands []candidate
 	splits := []router.Split{s.cur}
 	for _, dir := range []string{ToPrefill, ToDecode} {
 		if cand, ok := c.adjacent(s, dir); ok {
 			cands = append(cands, cand)
 			splits = append(splits, cand.split)
+		}
+	}
+	trans := map[int]int{} // candidate → its transitional split's index in splits
+	for i, cand := range cands {
+		if cand.donor.InPlace {
+			trans[i] = len(splits)
+			splits = append(splits, withoutEngine(s.cur, cand.donor.ID))
 		}
 	}
 	ps, _ := s.view.Price(s.now, router.Query{Splits: splits, StepS: c.cfg.Reactive.StepS})
@@ -309,9 +336,23 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 	for i := range cands {
 		cand := &cands[i]
 		cand.price = ps[i+1]
+		cand.worst = cand.price.Worst
 		dir := cand.dir
-		d.Candidates = append(d.Candidates, priced(cand.split, cand.price, false, cand.donor.ID))
-		improves := cand.price.Worst < p0.Worst-th.MinGain
+		pc := priced(cand.split, cand.price, false, cand.donor.ID)
+		if k, ok := trans[i]; ok {
+			drain := 0.0
+			if l := s.loads[cand.donor.ID]; l != nil {
+				drain = l.DrainS
+			}
+			cand.worst = inPlaceWorst(ps[k].Worst, cand.price.Worst, drain, th.DwellS)
+			tp := priced(withoutEngine(s.cur, cand.donor.ID), ps[k], false, cand.donor.ID)
+			tp.DrainS, tp.Draining = &drain, true
+			ew := Ratio(cand.worst)
+			pc.InPlaceWorst = &ew
+			d.Candidates = append(d.Candidates, tp)
+		}
+		d.Candidates = append(d.Candidates, pc)
+		improves := cand.worst < p0.Worst-th.MinGain
 		var motivated bool
 		if dir == ToPrefill {
 			motivated = conf.PrefillExpand >= n || consolidate && conf.PrefillConsolidate >= n && improves
@@ -321,7 +362,7 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 		if motivated {
 			motives = append(motives, dir)
 		}
-		if motivated && improves && (best == nil || cand.price.Worst < best.price.Worst) {
+		if motivated && improves && (best == nil || cand.worst < best.worst) {
 			best = cand
 		}
 	}
@@ -337,6 +378,9 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 	}
 	d.Direction = best.dir
 	d.Reason = fmt.Sprintf("%s: worst %.3f -> %.3f", best.dir, p0.Worst, best.price.Worst)
+	if best.donor.InPlace {
+		d.Reason += fmt.Sprintf(" (%.3f weighing the drain of %s, which switches in place)", best.worst, best.donor.ID)
+	}
 	d.Gates = c.gates(s, best, p0, CallerRegular)
 	return c.decide(d, best)
 }
@@ -901,7 +945,8 @@ func (c *Controller) Advise(now time.Time, fl fleet.Snapshot, v View, prefill, d
 }
 
 // moveEngine returns s with engine id moved to the pool of dir.
-func moveEngine(s router.Split, id, dir string) router.Split {
+// withoutEngine is s without engine id in either pool.
+func withoutEngine(s router.Split, id string) router.Split {
 	var out router.Split
 	for _, e := range s.Prefill {
 		if e != id {
@@ -913,6 +958,11 @@ func moveEngine(s router.Split, id, dir string) router.Split {
 			out.Decode = append(out.Decode, e)
 		}
 	}
+	return out
+}
+
+func moveEngine(s router.Split, id, dir string) router.Split {
+	out := withoutEngine(s, id)
 	if dir == ToPrefill {
 		out.Prefill = append(out.Prefill, id)
 	} else {

@@ -110,6 +110,12 @@ type Priced struct {
 	Current      bool   `json:"current"`
 	Move         string `json:"move,omitempty"` // the engine this candidate moves
 	RequestTTFTS *Ratio `json:"request_ttft_s,omitempty"`
+	// Draining marks the split while Move, which switches in place, drains (in neither pool)
+	// for DrainS seconds; InPlaceWorst is the worst the candidate moving it is judged by, that
+	// drain weighed in (docs/role-control.md section 11).
+	Draining     bool     `json:"draining,omitempty"`
+	DrainS       *float64 `json:"drain_s,omitempty"`
+	InPlaceWorst *Ratio   `json:"in_place_worst,omitempty"`
 }
 
 // Gate is one check on a move.

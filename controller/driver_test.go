@@ -20,13 +20,16 @@ import (
 // offers raise urgent triggers for the controller; tick applies time to the router, runs every
 // evaluation due and applies its moves to the fleet and the router.
 //
-//	init [key=value ...]        config tweaks; input: one engine a line, "id role [pinned]"
+//	init [key=value ...]        config tweaks; input: one engine a line, "id role [pinned] [sglang]"
+//	                            (sglang: it switches role in place)
 //	offer id=.. tokens=.. [max=..] [at=..]
 //	first|complete|cancel id=.. [at=..] [tokens=..]
 //	tick at=.. [verbose]        prints every decision: outcome, reason, moves; verbose adds
 //	                            candidates and gates
 //	lifecycle id=.. to=.. [at=..]
 //	role id=.. to=.. [at=..]      a role change made outside the controller
+//	switch id=.. result=.. [at=..] an in-place switch's next step: asked, succeeded, failed or
+//	                              abandoned (as the Switcher records them)
 type driver struct {
 	t        *testing.T
 	log      *Log
@@ -103,6 +106,23 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 			fmt.Fprintf(&b, "error: %v\n", err)
 		}
 		d.r.SetFleet(now, d.fleet.Snapshot())
+	case "switch":
+		var id, result string
+		td.ScanArgs(t, "id", &id)
+		td.ScanArgs(t, "result", &result)
+		now := d.at(td)
+		var err error
+		if result == string(fleet.SwitchAsked) {
+			_, err = d.fleet.AskSwitch(id, now, "test")
+		} else {
+			_, err = d.fleet.FinishSwitch(id, fleet.SwitchResult(result), now, "test")
+		}
+		if err != nil {
+			fmt.Fprintf(&b, "error: %v\n", err)
+		}
+		e, _ := d.fleet.Engine(id)
+		fmt.Fprintf(&b, "%s: %s %s\n", id, e.Role, e.Lifecycle)
+		d.r.SetFleet(now, d.fleet.Snapshot())
 	case "lifecycle":
 		var id, to string
 		td.ScanArgs(t, "id", &id)
@@ -161,6 +181,12 @@ func (d *driver) evaluate(now time.Time, verbose bool, b *strings.Builder) {
 				if c.RequestTTFTS != nil {
 					fmt.Fprintf(b, " request_ttft=%.3f", float64(*c.RequestTTFTS))
 				}
+				if c.Draining {
+					fmt.Fprintf(b, " draining drain_s=%.3f", *c.DrainS)
+				}
+				if c.InPlaceWorst != nil {
+					fmt.Fprintf(b, " in_place_worst=%s", ratio(float64(*c.InPlaceWorst)))
+				}
 				if c.Current {
 					b.WriteString(" (current)")
 				}
@@ -180,7 +206,7 @@ func (d *driver) evaluate(now time.Time, verbose bool, b *strings.Builder) {
 			d.t.Fatalf("the fleet refused a move of decision %d: %s", dec.Seq, dec.Reason)
 		}
 		for _, m := range dec.Moves {
-			fmt.Fprintf(b, "  move %s %s -> %s\n", m.Engine, m.From, m.To)
+			fmt.Fprintf(b, "  move %s %s -> %s (%s)\n", m.Engine, m.From, m.To, dec.Switch)
 		}
 		d.log.Decision(&dec) // after its moves' fleet events, as Live logs it
 		d.r.SetFleet(now, d.fleet.Snapshot())
@@ -253,8 +279,14 @@ func (d *driver) init(td *datadriven.TestData) {
 	cfg.Router.WaitingSet.MaxWaitS = 600
 	for i, line := range strings.Split(strings.TrimSpace(td.Input), "\n") {
 		f := strings.Fields(line)
-		cfg.Engines = append(cfg.Engines, config.Engine{ID: f[0], Address: fmt.Sprintf("10.0.0.%d:8000", i+1), Role: f[1],
-			Profile: config.DefaultProfileName, Pinned: len(f) > 2 && f[2] == "pinned"})
+		ce := config.Engine{ID: f[0], Address: fmt.Sprintf("10.0.0.%d:8000", i+1), Role: f[1], Profile: config.DefaultProfileName}
+		for _, flag := range f[2:] {
+			ce.Pinned = ce.Pinned || flag == "pinned"
+			if flag == "sglang" {
+				ce.Switch = config.SwitchSGLang
+			}
+		}
+		cfg.Engines = append(cfg.Engines, ce)
 	}
 	if err := cfg.Validate(); err != nil {
 		d.t.Fatal(err)

@@ -1,6 +1,9 @@
 package controller
 
-import "testing"
+import (
+	"math"
+	"testing"
+)
 
 // One test per gate of docs/role-control.md section 7 that a move can fail, showing it blocking
 // a move that is otherwise motivated and strictly improving, and one showing it passing in a
@@ -61,4 +64,19 @@ func TestGate_DecodeStability_AllowsAfterTimeout(t *testing.T) {
 // donor's residents are within the guard.
 func TestGate_FlipResidentGuard_PreparesTheDonor(t *testing.T) {
 	runScript(t, "testdata/gates.d/flip_resident_guard_prepares")
+}
+
+// Section 11: a move of a donor that switches in place is judged with its drain weighed in —
+// the split without it while it drains, then the candidate for the dwell it commits to.
+func TestInPlaceWorst(t *testing.T) {
+	for _, c := range []struct{ trans, target, drain, dwell, want float64 }{
+		{2, 1, 0, 120, 1},                       // nothing to drain: the candidate
+		{2, 1, 40, 120, (40*2 + 120*1) / 160.0}, // a 40 s drain at worst 2, then 120 s at 1
+		{2, 1, 300, 120, 1.5},                   // a drain past the dwell: weighed as long
+		{math.Inf(1), 1, 1, 120, math.Inf(1)},   // a split that cannot serve while it drains
+	} {
+		if got := inPlaceWorst(c.trans, c.target, c.drain, c.dwell); got != c.want {
+			t.Errorf("inPlaceWorst(%v, %v, %v, %v) = %v, want %v", c.trans, c.target, c.drain, c.dwell, got, c.want)
+		}
+	}
 }

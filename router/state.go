@@ -96,15 +96,19 @@ type Cancelled struct {
 
 // EngineLoad is one engine as the router sees it.
 type EngineLoad struct {
-	ID               string     `json:"id"`
-	PrefillResidents int        `json:"prefill_residents"`
-	DecodeResidents  int        `json:"decode_residents"` // streams decoding on it now
-	ReservedStreams  int        `json:"reserved_streams"` // streams placed on it still prefilling elsewhere
-	BusyUntilS       float64    `json:"busy_until_s"`     // projected prefill work left, seconds from now
-	Correction       Correction `json:"correction"`
-	Fallback         bool       `json:"fallback,omitempty"`
-	Prepared         bool       `json:"prepared,omitempty"` // a donor the controller is preparing (Router.Prepare)
-	Passive          Passive    `json:"passive"`
+	ID               string  `json:"id"`
+	PrefillResidents int     `json:"prefill_residents"`
+	DecodeResidents  int     `json:"decode_residents"` // streams decoding on it now
+	ReservedStreams  int     `json:"reserved_streams"` // streams placed on it still prefilling elsewhere
+	BusyUntilS       float64 `json:"busy_until_s"`     // projected prefill work left, seconds from now
+	// DrainS is the projected time until everything on it is done — its prefill work and its
+	// decode residents' remaining output — seconds from now: how long an engine switching role
+	// in place is held before it can be asked (docs/role-control.md section 11).
+	DrainS     float64    `json:"drain_s"`
+	Correction Correction `json:"correction"`
+	Fallback   bool       `json:"fallback,omitempty"`
+	Prepared   bool       `json:"prepared,omitempty"` // a donor the controller is preparing (Router.Prepare)
+	Passive    Passive    `json:"passive"`
 }
 
 // Passive is one engine's passive health: upstream failures in a row on the data path, and
