@@ -3,7 +3,11 @@
 // every move that broke a rule — a pinned engine moved, a floor broken while capacity allowed
 // it, dwell or the cooldown between moves toward decode broken, more than one move in a
 // regular pass or urgent wake, a move toward prefill while the arrival-evidence window was open,
-// a role change in advisory mode, a role change without its decision, a decision numbered again.
+// a role change in advisory mode, a role change without its decision, a decision numbered again,
+// and, for engines that switch role in place (docs/role-control.md section 11), a switch asked
+// twice or of an engine not held, a role change that no successful switch made (or a switch that
+// made one for a decision that switches by routing), a failed switch that did not fail its
+// engine.
 // Several logs (the replicas of one fleet, each writing its own) are audited as one: their lines
 // merged on the wall clock each log's config line carries.
 package audit
@@ -40,7 +44,7 @@ type Violation struct {
 	Log    string // the log's name when several are audited as one
 	Line   int
 	TimeS  float64 // seconds since the (earliest) log's start
-	Rule   string  // pins, role_floors, dwell, cooldown, one_move, evidence_window, advisory, orphan_role_change, sequence
+	Rule   string  // pins, role_floors, dwell, cooldown, one_move, evidence_window, advisory, orphan_role_change, sequence, switch
 	Detail string
 }
 
@@ -78,6 +82,9 @@ type record struct {
 	Decision *uint64 `json:"decision"`
 	Seq      uint64  `json:"seq"`
 	Caller   string  `json:"caller"`
+	Switch   string  `json:"switch"` // a decision: how its engines change role (routing, sglang)
+	Result   string  `json:"result"` // a switch event: asked, succeeded, failed, abandoned
+	Cause    string  `json:"cause"`
 	Outcome  string  `json:"outcome"`
 	Moves    []struct {
 		Engine, From, To string
@@ -94,6 +101,11 @@ type engine struct {
 	role, lifecycle string
 	pinned          bool
 	roleSince       float64 // -Inf: never moved
+	// an in-place switch: asked (and not ended), the line of a failed one whose engine must fail
+	// next, and whether the last event was a successful switch (the role change it makes)
+	asked          bool
+	failedAt       int
+	switchedToRole bool
 }
 
 // Result is what an audit found.
@@ -240,9 +252,44 @@ func AuditLogs(logs []Log, rules *Rules) (Result, error) {
 			if e == nil {
 				return res, fmt.Errorf("audit: %s: unknown engine %q", where(), rec.Engine)
 			}
+			viaSwitch := e.switchedToRole
+			e.switchedToRole = false
 			switch rec.Event {
 			case "lifecycle":
+				if e.failedAt > 0 && rec.To != "failed" {
+					violate("switch", "%s became %s after its switch failed (line %d): a failed switch fails its engine", rec.Engine, rec.To, e.failedAt)
+				}
+				e.failedAt = 0
+				if rec.From == "active" && rec.To == "switching" {
+					// The engine leaves its pool now: the floor of the pool it leaves holds then.
+					e.lifecycle = rec.To
+					if total := live(engines, "prefill") + live(engines, "decode") + 1; total >= cfg.MinPrefill+cfg.MinDecode {
+						floor := map[string]int{"prefill": cfg.MinPrefill, "decode": cfg.MinDecode}[e.role]
+						if n := live(engines, e.role); n < floor {
+							violate("role_floors", "%s left %s to switch in place: %d live %s engines, floor %d, with %d live engines", rec.Engine, e.role, n, e.role, floor, total)
+						}
+					}
+				}
 				e.lifecycle = rec.To
+			case "switch":
+				switch rec.Result {
+				case "asked":
+					if e.asked || e.lifecycle != "switching" {
+						violate("switch", "%s asked to switch while %s (asked before: %t): an engine is asked once, while held", rec.Engine, e.lifecycle, e.asked)
+					}
+					e.asked = true
+				case "succeeded":
+					e.asked, e.switchedToRole = false, true
+				case "failed":
+					if e.lifecycle == "switching" {
+						e.failedAt = line
+					}
+					e.asked = false
+				case "abandoned":
+					if e.asked {
+						violate("switch", "%s's switch abandoned after it was asked: an asked switch ends with the engine's answer", rec.Engine)
+					}
+				}
 			case "pin":
 				e.pinned = rec.Pinned
 			case "role":
@@ -271,7 +318,10 @@ func AuditLogs(logs []Log, rules *Rules) (Result, error) {
 				}
 				k := key{en.log, *rec.Decision}
 				events[k] = append(events[k], line)
-				pending = append(pending, pendingEvent{log: en.log, line: line, t: rec.TimeS, seq: *rec.Decision, engine: rec.Engine, from: rec.From, to: rec.To})
+				pending = append(pending, pendingEvent{log: en.log, line: line, t: rec.TimeS, seq: *rec.Decision, engine: rec.Engine, from: rec.From, to: rec.To, viaSwitch: viaSwitch})
+				if e.lifecycle == "switching" && !viaSwitch {
+					violate("switch", "%s changed role while held for a switch, not by a successful switch", rec.Engine)
+				}
 			}
 		case rec.Kind == "decision":
 			res.Decisions++
@@ -329,6 +379,12 @@ func AuditLogs(logs []Log, rules *Rules) (Result, error) {
 		if !found {
 			res.Violations = append(res.Violations, Violation{Log: name(ev.log), Line: ev.line, TimeS: ev.t, Rule: "orphan_role_change",
 				Detail: fmt.Sprintf("%s moved %s -> %s for decision %d, which has no such move", ev.engine, ev.from, ev.to, ev.seq)})
+			continue
+		}
+		if inPlace := d.Switch == "sglang"; inPlace != ev.viaSwitch {
+			how := map[bool]string{true: "a successful in-place switch", false: "routing alone"}
+			res.Violations = append(res.Violations, Violation{Log: name(ev.log), Line: ev.line, TimeS: ev.t, Rule: "switch",
+				Detail: fmt.Sprintf("%s moved %s -> %s by %s for decision %d, whose switch is %q", ev.engine, ev.from, ev.to, how[ev.viaSwitch], ev.seq, d.Switch)})
 		}
 	}
 	sort.SliceStable(res.Violations, func(i, j int) bool {
@@ -357,4 +413,5 @@ type pendingEvent struct {
 	seq       uint64
 	engine    string
 	from, to  string
+	viaSwitch bool // made by the successful switch just before it
 }

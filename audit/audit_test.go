@@ -146,3 +146,45 @@ func f(x float64) string { return strings.TrimRight(strings.TrimRight(strconvF(x
 
 func strconvF(x float64) string { return strconv.FormatFloat(x, 'f', 3, 64) }
 func itoa(n int) string         { return strconv.Itoa(n) }
+
+// Section 11, engines that switch in place: a clean switch audits clean; a switch asked twice,
+// a role change no successful switch made, a failed switch that does not fail its engine, a
+// decision whose switch method its role change contradicts, and a switch that leaves a floor
+// broken are each found.
+func TestAuditInPlaceSwitches(t *testing.T) {
+	ev := func(tm float64, engine, event, from, to string, extra string) string {
+		return `{"kind":"fleet","time_s":` + f(tm) + `,"event":"` + event + `","engine":"` + engine + `","from":"` + from + `","to":"` + to + `"` + extra + "}\n"
+	}
+	hold := ev(40, "e4", "lifecycle", "active", "switching", `,"cause":"decision 1"`)
+	dec := func(sw string) string {
+		return `{"kind":"decision","time_s":40,"seq":1,"caller":"regular","switch":"` + sw + `","outcome":"moved","inputs":{"evidence_window":{"opened_at_s":0,"arrivals":80}},"moves":[{"engine":"e4","from":"decode","to":"prefill"}]}` + "\n"
+	}
+	asked := ev(41, "e4", "switch", "decode", "prefill", `,"result":"asked"`)
+	ok := ev(42, "e4", "switch", "decode", "prefill", `,"result":"succeeded"`)
+	role := ev(42, "e4", "role", "decode", "prefill", `,"cause":"decision 1","decision":1`)
+	active := ev(42, "e4", "lifecycle", "switching", "active", `,"cause":"switch"`)
+	clean := head + hold + dec("sglang") + asked + ok + role + active
+	if v := audit(t, clean); len(v) != 0 {
+		t.Fatalf("a clean switch: %v", v)
+	}
+	failed := ev(42, "e4", "switch", "decode", "prefill", `,"result":"failed"`)
+	for _, c := range []struct {
+		name, log, detail string
+	}{
+		{"asked twice", head + hold + dec("sglang") + asked + asked + ok + role + active, "asked to switch while switching (asked before: true)"},
+		{"role without a switch", head + hold + dec("sglang") + asked + role + active, "changed role while held for a switch"},
+		{"a failed switch, then active", head + hold + dec("sglang") + asked + failed + active, "became active after its switch failed"},
+		{"routing decision, switched", head + hold + dec("routing") + asked + ok + role + active, `by a successful in-place switch for decision 1, whose switch is "routing"`},
+		{"sglang decision, routed", head + dec("sglang") + role, `by routing alone for decision 1, whose switch is "sglang"`},
+		{"the floor", head + ev(40, "e1", "lifecycle", "active", "switching", `,"cause":"decision 1"`), "e1 left prefill to switch in place: 0 live prefill engines, floor 1"},
+	} {
+		v := audit(t, c.log)
+		found := false
+		for _, x := range v {
+			found = found || strings.Contains(x.Detail, c.detail)
+		}
+		if !found {
+			t.Errorf("%s: %v, want %q", c.name, v, c.detail)
+		}
+	}
+}

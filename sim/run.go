@@ -46,6 +46,8 @@ type run struct {
 	ready   []router.Outcome
 	out     []result
 	moves   []roleChange
+	// switching counts the engines held for an in-place switch (switch: sglang)
+	switching int
 	now     time.Time
 	end     time.Time // arrivals stop (the trace's end or --duration-s)
 	faults  []config.Fault
@@ -365,6 +367,30 @@ func (s *run) settle() {
 	if tr, ok := s.r.TakeTrigger(); ok && s.c != nil {
 		s.c.Trigger(tr)
 	}
+	s.switches()
+}
+
+// switches carries the in-place switches (switch: sglang) as controller.Switcher does: an
+// engine held for one is asked once the router shows nothing resident on it, and (the engine
+// model having no rebuild time) switches at once.
+func (s *run) switches() {
+	if s.switching == 0 {
+		return
+	}
+	changed := false
+	for _, l := range s.r.Snapshot(s.now).Engines {
+		e, _ := s.f.Engine(l.ID)
+		if e.Lifecycle != fleet.Switching || l.PrefillResidents+l.DecodeResidents+l.ReservedStreams > 0 {
+			continue
+		}
+		if _, err := s.f.AskSwitch(l.ID, s.now, "its residents finished"); err == nil {
+			_, _ = s.f.FinishSwitch(l.ID, fleet.SwitchSucceeded, s.now, "switched (simulated)")
+			changed = true
+		}
+	}
+	if changed {
+		s.syncFleet()
+	}
 }
 
 // dispatch starts a placed request: its prefill on the prefill engine (disaggregated), or
@@ -547,6 +573,14 @@ func (s *run) evaluate() {
 // fleetEvent logs a fleet event and counts role changes with the residents they leave.
 func (s *run) fleetEvent(ev fleet.Event) {
 	s.log.Fleet(ev)
+	if ev.Kind == fleet.EventLifecycle {
+		if ev.To == fleet.Switching.String() {
+			s.switching++
+		}
+		if ev.From == fleet.Switching.String() {
+			s.switching--
+		}
+	}
 	if ev.Kind != fleet.EventRole {
 		return
 	}

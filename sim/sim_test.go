@@ -164,6 +164,31 @@ func TestNarwhalPolicyMovesAndAuditsClean(t *testing.T) {
 	}
 }
 
+// The same moving mix on engines that switch in place (switch: sglang): each move holds its
+// engine until its residents finish, then it switches; the log audits clean (the switch rules
+// included) and no engine is left held at the end.
+func TestNarwhalPolicyWithInPlaceSwitches(t *testing.T) {
+	reqs, changes := synthetic(t, Synthetic{Kind: "phases", RatePerS: 30, DurationS: 600, PhaseS: 200, Seed: 4})
+	cfg := fleetConfig(t, 4, 2)
+	for i := range cfg.Engines {
+		cfg.Engines[i].Switch = config.SwitchSGLang
+	}
+	rep := simulate(t, cfg, reqs, "narwhal", changes)
+	p := policy(t, rep, "narwhal")
+	var log bytes.Buffer
+	if err := rep.WriteDecisions(&log); err != nil {
+		t.Fatal(err)
+	}
+	res, err := audit.Audit(bytes.NewReader(log.Bytes()), nil)
+	if err != nil || len(res.Violations) > 0 || p.RoleChanges == 0 || res.RoleChanges != p.RoleChanges || p.GuardViolations != 0 {
+		t.Fatalf("audit: %v %+v (report: %d role changes, %d guard violations)", err, res, p.RoleChanges, p.GuardViolations)
+	}
+	asked, succeeded := bytes.Count(log.Bytes(), []byte(`"result":"asked"`)), bytes.Count(log.Bytes(), []byte(`"result":"succeeded"`))
+	if asked == 0 || asked != succeeded || succeeded != p.RoleChanges {
+		t.Fatalf("switches asked %d, succeeded %d, role changes %d", asked, succeeded, p.RoleChanges)
+	}
+}
+
 // The threshold planner moves an engine into a pool all of whose engines project a miss: a
 // prefill-heavy load on one prefill engine.
 func TestThresholdPlannerExpandsAMissingPool(t *testing.T) {
