@@ -48,10 +48,10 @@ type run struct {
 	moves   []roleChange
 	// switching counts the engines held for an in-place switch (switch: sglang)
 	switching int
-	now     time.Time
-	end     time.Time // arrivals stop (the trace's end or --duration-s)
-	faults  []config.Fault
-	probeAt time.Time
+	now       time.Time
+	end       time.Time // arrivals stop (the trace's end or --duration-s)
+	faults    []config.Fault
+	probeAt   time.Time
 	// blockTokens is the size of the prefix blocks hashed for the router's affinity index
 	// and the engines' prefix caches (0: the trace's blocks cannot be cut to it).
 	blockTokens int
