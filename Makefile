@@ -54,6 +54,7 @@ check-long:
 	$(GO) test -race -count=1 -run='^TestStreamsProperty$$' ./extproc -rapid.checks=10000
 	$(GO) test -race -count=1 -run='^TestAuditedProperty$$' ./controller -rapid.checks=10000
 	NARWHAL_REALTIME=1 $(GO) test -count=1 -run='^TestModelMatchesTheServer$$' ./enginesim
+	NARWHAL_REALTIME=1 $(GO) test -count=1 -run='^TestProfileRecoversKnownProfiles$$' ./profiler
 
 # The simulator's results section of docs/benchmarks.md and its plots (docs/sim/*.svg): every
 # shared trace and synthetic kind on 8 engines, every policy side by side (about 15 minutes).
@@ -65,7 +66,7 @@ bench-ha:
 	NARWHAL_HA_ROUNDS=20 $(GO) test -count=1 -timeout 30m -run='^(TestHATakeoverFigures|TestHAKillUnderLoad)$$' -v ./cmd/narwhal
 
 bench-profile:
-	NARWHAL_PROFILE_BUDGET_S=120 $(GO) test -count=1 -timeout 30m -run='^TestProfileRecoversKnownProfiles$$' -v ./profiler
+	NARWHAL_REALTIME=1 NARWHAL_PROFILE_BUDGET_S=120 $(GO) test -count=1 -timeout 30m -run='^TestProfileRecoversKnownProfiles$$' -v ./profiler
 
 clean:
 	rm -rf $(BIN)

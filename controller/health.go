@@ -11,7 +11,8 @@ import (
 // Health is the deterministic core of the health monitor: it turns probe results, each with the
 // time it was seen, into lifecycle transitions of the fleet (docs/role-control.md section 8):
 //
-//   - an active engine fails after health.unhealthy_after consecutive failed probes;
+//   - an active engine, or one switching role in place, fails after health.unhealthy_after
+//     consecutive failed probes;
 //   - a failed engine, or one an operator undrained, becomes recovering after
 //     health.healthy_after consecutive successful probes (counted from the undrain);
 //   - a recovering engine whose probe succeeds health.recover_s or more after it began

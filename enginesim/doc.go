@@ -12,8 +12,10 @@
 // {"status", "role", "model"}; GET /metrics serves Prometheus text with vLLM's metric names
 // (vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc,
 // vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:request_success_total), all
-// labelled model_name, from a private registry. Bad bodies and wrong methods get OpenAI-style
-// error JSON ({"error": {"message", "type", "code"}}) with a 4xx status.
+// labelled model_name, from a private registry. GET /v1/models lists the model (with
+// max_model_len when Options.MaxModelLen is set). With Options.RoleSwitch, POST /pd_role_switch
+// switches the reported role in place as SGLang does (switch.go). Bad bodies and wrong methods
+// get OpenAI-style error JSON ({"error": {"message", "type", "code"}}) with a 4xx status.
 //
 // # Counting tokens
 //
