@@ -199,13 +199,8 @@ func (f *Fleet) SetLifecycle(id string, to Lifecycle, now time.Time, cause strin
 // restarts (dwell counts from it).
 func (f *Fleet) SetRole(id string, to Role, now time.Time, cause string) (Engine, error) {
 	return f.update(id, func(e *Engine) ([]Event, error) {
-		switch {
-		case to != Prefill && to != Decode:
-			return nil, fmt.Errorf("%w: engine %s: invalid role %v", ErrTransition, e.ID, to)
-		case e.Role == to:
-			return nil, fmt.Errorf("%w: engine %s is already %s", ErrTransition, e.ID, to)
-		case e.Pinned:
-			return nil, fmt.Errorf("%w: engine %s is pinned to %s", ErrTransition, e.ID, e.Role)
+		if err := canMove(e, to); err != nil {
+			return nil, err
 		}
 		ev := Event{Time: now, Kind: EventRole, Engine: e.ID, From: e.Role.String(), To: to.String(), Cause: cause}
 		e.Role, e.RoleSince, e.Moved = to, now, true
@@ -213,19 +208,29 @@ func (f *Fleet) SetRole(id string, to Role, now time.Time, cause string) (Engine
 	})
 }
 
+// canMove checks that e may take role to: a valid role, not its own, and e not pinned.
+func canMove(e *Engine, to Role) error {
+	switch {
+	case to != Prefill && to != Decode:
+		return fmt.Errorf("%w: engine %s: invalid role %v", ErrTransition, e.ID, to)
+	case e.Role == to:
+		return fmt.Errorf("%w: engine %s is already %s", ErrTransition, e.ID, to)
+	case e.Pinned:
+		return fmt.Errorf("%w: engine %s is pinned to %s", ErrTransition, e.ID, e.Role)
+	}
+	return nil
+}
+
 // StartSwitch begins an in-place role switch of an engine that needs one (InPlace): it leaves
 // placement (switching) and keeps its role until FinishSwitch; cause names the decision.
 func (f *Fleet) StartSwitch(id string, to Role, now time.Time, cause string) (Engine, error) {
 	return f.update(id, func(e *Engine) ([]Event, error) {
+		if err := canMove(e, to); err != nil {
+			return nil, err
+		}
 		switch {
 		case !e.InPlace:
 			return nil, fmt.Errorf("%w: engine %s changes role by routing (switch: routing)", ErrTransition, e.ID)
-		case to != Prefill && to != Decode:
-			return nil, fmt.Errorf("%w: engine %s: invalid role %v", ErrTransition, e.ID, to)
-		case e.Role == to:
-			return nil, fmt.Errorf("%w: engine %s is already %s", ErrTransition, e.ID, to)
-		case e.Pinned:
-			return nil, fmt.Errorf("%w: engine %s is pinned to %s", ErrTransition, e.ID, e.Role)
 		case e.SwitchTo != 0:
 			return nil, fmt.Errorf("%w: engine %s is already switching to %s", ErrTransition, e.ID, e.SwitchTo)
 		case e.Lifecycle != Active:

@@ -16,23 +16,13 @@ import (
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/enginesim"
+	"github.com/narwhal-llm/narwhal/internal/simtest"
 )
 
-// serveEngine runs an enginesim engine with the true profile prof on a port the system picks and
-// returns its URL.
+// serveEngine runs an enginesim engine with the true profile prof and returns its URL.
 func serveEngine(t testing.TB, prof config.Profile, maxModelLen int) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		_ = enginesim.Serve(ctx, ln, enginesim.Options{Profile: prof, Model: "m", Role: "decode", MaxModelLen: maxModelLen})
-	})
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	return "http://" + ln.Addr().String()
+	return "http://" + simtest.Serve(t, enginesim.Options{Profile: prof, Model: "m", Role: "decode", MaxModelLen: maxModelLen})
 }
 
 // other is a profile unlike the default: a slower, more quadratic prefill, a decode dearer per

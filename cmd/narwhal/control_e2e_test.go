@@ -76,14 +76,7 @@ func TestServeRoleControlEndToEnd(t *testing.T) {
 		return g["narwhal-decode"]["e1"] == "HEALTHY" && g["narwhal-decode"][fmt.Sprintf("e%d", left+1)] == "UNHEALTHY"
 	})
 
-	if code, _ := srv.stop(t); code != 0 {
-		t.Fatalf("serve exit %d", code)
-	}
-	out, code := runBin(t, "audit", "--decisions", decisions)
-	if code != 0 {
-		b, _ := os.ReadFile(decisions)
-		t.Fatalf("audit exit %d:\n%s\nlog:\n%s", code, out, b)
-	}
+	out := stopAndAudit(t, srv, decisions)
 	for _, want := range []string{`"caller":"urgent","reason":"request`, `"caller":"repair"`, `"engine":"` + moved + `","event":"role"`} {
 		if b, _ := os.ReadFile(decisions); !strings.Contains(string(b), want) {
 			t.Fatalf("the decision log lacks %s:\n%s", want, b)

@@ -9,11 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/enginesim"
+	"github.com/narwhal-llm/narwhal/internal/simtest"
 )
 
 // Issue 12: narwhal preflight passes on the make run fleet (four enginesim engines of the
@@ -48,27 +48,13 @@ func TestPreflightPassesOnTheRunFleet(t *testing.T) {
 // (preflight serves nothing), but an Envoy bootstrap needs real ports.
 const unboundAdmin, unboundExtProc, unboundXDS = "127.0.0.1:9007", "127.0.0.1:9008", "127.0.0.1:9009"
 
-// serveSim runs an in-process enginesim engine on a port the system picks.
-func serveSim(t *testing.T, o enginesim.Options) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = enginesim.Serve(ctx, ln, o) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	return ln.Addr().String()
-}
-
 // Issue 12: with one engine stopped, one whose true speed is half its profile's, and a decode
 // engine that cannot reach a prefiller, preflight names each failure and exits 1; a bootstrap
 // that does not fit is a failure too.
 func TestPreflightNamesEachFailure(t *testing.T) {
 	prof := config.DefaultProfile()
 	model := config.DefaultProfileName
-	p1 := serveSim(t, enginesim.Options{Profile: prof, Model: model})
+	p1 := simtest.Serve(t, enginesim.Options{Profile: prof, Model: model})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -80,14 +66,14 @@ func TestPreflightNamesEachFailure(t *testing.T) {
 	pc.BaseS, pc.PerTokenS, pc.PerToken2S = 2*pc.BaseS, 2*pc.PerTokenS, 2*pc.PerToken2S
 	dc.BaseS, dc.PerStreamS, dc.PerKVTokenS = 2*dc.BaseS, 2*dc.PerStreamS, 2*dc.PerKVTokenS
 	slow.Prefill, slow.Decode = &pc, &dc
-	d1 := serveSim(t, enginesim.Options{Profile: slow, Model: model})
+	d1 := simtest.Serve(t, enginesim.Options{Profile: slow, Model: model})
 	cut := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if addr == p1 { // a partition between d2 and p1
 			return nil, errors.New("connect: no route to host")
 		}
 		return (&net.Dialer{}).DialContext(ctx, network, addr)
 	}}
-	d2 := serveSim(t, enginesim.Options{Profile: prof, Model: model, Client: &http.Client{Transport: cut}})
+	d2 := simtest.Serve(t, enginesim.Options{Profile: prof, Model: model, Client: &http.Client{Transport: cut}})
 	cfg := writeConfig(t, e2eConfig(unboundAdmin, unboundExtProc, unboundXDS, []string{p1, p2, d1, d2}))
 	bootstrap, _ := runBinOut(t, "envoy-config", "--config", cfg)
 	envoy := filepath.Join(t.TempDir(), "envoy.yaml")

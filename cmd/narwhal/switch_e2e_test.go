@@ -52,6 +52,21 @@ func logLines(t *testing.T, path string) []map[string]any {
 	return out
 }
 
+// stopAndAudit stops serve (exit 0) and audits its decision log clean; it returns the audit's
+// summary.
+func stopAndAudit(t *testing.T, srv *proc, decisions string) string {
+	t.Helper()
+	if code, _ := srv.stop(t); code != 0 {
+		t.Fatalf("serve exit %d", code)
+	}
+	out, code := runBin(t, "audit", "--decisions", decisions)
+	if code != 0 {
+		b, _ := os.ReadFile(decisions)
+		t.Fatalf("audit exit %d:\n%s\nlog:\n%s", code, out, b)
+	}
+	return out
+}
+
 // resident is a request the test holds on the engines: placed through ext_proc, its response
 // streamed by the test, so that the test says when it finishes.
 type resident struct {
@@ -212,13 +227,7 @@ func TestServeInPlaceSwitch(t *testing.T) {
 			r.finish(t)
 		}
 	}
-	if code, _ := srv.stop(t); code != 0 {
-		t.Fatalf("serve exit %d", code)
-	}
-	if out, code := runBin(t, "audit", "--decisions", decisions); code != 0 {
-		b, _ := os.ReadFile(decisions)
-		t.Fatalf("audit exit %d:\n%s\nlog:\n%s", code, out, b)
-	}
+	stopAndAudit(t, srv, decisions)
 	// The steps, in order, for the moved engine; it was asked after its resident finished.
 	var steps []string
 	var epoch float64
@@ -287,13 +296,7 @@ func TestServeInPlaceSwitchFails(t *testing.T) {
 	if s := switches(t, good); s["ok"] != "1" || s["refused"] != "0" {
 		t.Errorf("e2's switches: %v", s)
 	}
-	if code, _ := srv.stop(t); code != 0 {
-		t.Fatalf("serve exit %d", code)
-	}
-	if out, code := runBin(t, "audit", "--decisions", decisions); code != 0 {
-		b, _ := os.ReadFile(decisions)
-		t.Fatalf("audit exit %d:\n%s\nlog:\n%s", code, out, b)
-	}
+	stopAndAudit(t, srv, decisions)
 	var steps []string
 	for _, l := range logLines(t, decisions) {
 		switch {
