@@ -36,7 +36,7 @@ func (r *Result) WriteYAML(w io.Writer, name string) bool {
 	c("max_streams: %s", limitNote(r.MaxStreams))
 	c("max_kv_tokens: %s", limitNote(r.MaxKV))
 	if len(r.KVTransfer) > 0 {
-		c("kv_transfer_s: the least of %d handoffs through the prefiller", len(r.KVTransfer))
+		c("kv_transfer_s: the median over %d prompt lengths of the handoff through the prefiller", len(r.KVTransfer))
 	}
 	c("prefill_concurrency is Narwhal's dispatch depth, not measured: the default")
 	prof, ok := r.Profile()

@@ -603,28 +603,33 @@ func (p *run) handoff(deadline time.Time) error {
 	h.Set(wire.HeaderPrefiller, u.Host)
 	lengths := slices.Compact([]int{256, min(1024, p.r.PromptTop), min(4096, p.r.PromptTop)})
 	for i, n := range lengths {
+		// The fastest of the repeats on each side (what the machine adds only adds time), so
+		// one estimate a length.
+		var alone, via []time.Duration
+		tokens := 0
 		for range p.o.Repeats {
 			if time.Now().After(deadline.Add(p.o.Budget / 20)) {
-				p.note("handoff: the budget ended it after %d measurements", len(p.r.KVTransfer))
+				p.note("handoff: the budget ended it after %d lengths", len(p.r.KVTransfer))
 				return nil
 			}
 			p.progress("handoff", i, len(lengths), fmt.Sprintf("%d tokens", n))
 			// Two prompts of one length, each new to the prefiller's prefix cache.
-			alone, err := p.o.Prefiller.Stream(p.ctx, Request{Prompt: p.probe.Prompt(n), MaxTokens: 1})
+			a, err := p.o.Prefiller.Stream(p.ctx, Request{Prompt: p.probe.Prompt(n), MaxTokens: 1})
 			if err != nil {
 				return fmt.Errorf("handoff: the prefiller alone: %w", err)
 			}
-			via, err := p.o.Engine.Stream(p.ctx, Request{Prompt: p.probe.Prompt(n), MaxTokens: 2, Header: h})
+			v, err := p.o.Engine.Stream(p.ctx, Request{Prompt: p.probe.Prompt(n), MaxTokens: 2, Header: h})
 			if err != nil {
 				return fmt.Errorf("handoff: a request pulling from the prefiller %s: %w", u.Host, err)
 			}
-			step := 0.0
-			if f := p.r.DecodeFit; f != nil {
-				step = f.Coef[0] + f.Coef[1] + f.Coef[2]*float64(via.PromptTokens)
-			}
-			// via has one round trip more than alone: the engine's to the prefiller.
-			p.r.KVTransfer = append(p.r.KVTransfer, max(0, (via.TTFT()-alone.TTFT()-p.probe.RTT).Seconds()-step))
+			alone, via, tokens = append(alone, a.TTFT()), append(via, v.TTFT()), v.PromptTokens
 		}
+		step := 0.0
+		if f := p.r.DecodeFit; f != nil {
+			step = f.Coef[0] + f.Coef[1] + f.Coef[2]*float64(tokens)
+		}
+		// via has one round trip more than alone: the engine's to the prefiller.
+		p.r.KVTransfer = append(p.r.KVTransfer, max(0, (slices.Min(via)-slices.Min(alone)-p.probe.RTT).Seconds()-step))
 	}
 	return nil
 }
@@ -644,7 +649,7 @@ func (r *Result) Profile() (config.Profile, bool) {
 			MaxStreams: max(1, r.MaxStreams.Value), MaxKVTokens: max(1, r.MaxKV.Value)}
 	}
 	if len(r.KVTransfer) > 0 {
-		prof.KVTransferS = slices.Min(r.KVTransfer) // what the machine adds only adds time
+		prof.KVTransferS = median(r.KVTransfer)
 	}
 	return prof, prof.Prefill != nil || prof.Decode != nil
 }
