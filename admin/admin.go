@@ -20,6 +20,7 @@ import (
 	"github.com/narwhal-llm/narwhal/envoy"
 	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/history"
 	"github.com/narwhal-llm/narwhal/router"
 )
 
@@ -45,6 +46,8 @@ type Options struct {
 		Window() controller.WindowState
 		Advise(prefill, decode int, reason string) (controller.Decision, error)
 	}
+	// History is the history ring GET /narwhal/history serves; nil keeps none.
+	History *history.Ring[controller.Decision]
 }
 
 // Server is the admin HTTP API. Create it with New; it is ready once SetReady(true).
@@ -65,6 +68,7 @@ func New(o Options) *Server {
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn)}))
 	s.mux.HandleFunc("GET /narwhal/state", s.state)
+	s.mux.HandleFunc("GET /narwhal/history", s.history)
 	s.mux.HandleFunc("POST /narwhal/engines/{id}/{action}", s.engineAction)
 	s.mux.HandleFunc("POST /narwhal/advise", s.advise)
 	return s

@@ -83,7 +83,17 @@ type Listen struct {
 // Admin configures the admin HTTP API.
 type Admin struct {
 	// Token, when set, is required as "Authorization: Bearer <token>" on mutating calls.
-	Token string `yaml:"token" json:"-"`
+	Token   string  `yaml:"token" json:"-"`
+	History History `yaml:"history" json:"history"`
+}
+
+// History bounds the in-process history GET /narwhal/history serves (docs/history.md): a
+// sample of the fleet and the data path every IntervalS, the last Samples of them, and the last
+// Decisions decision records.
+type History struct {
+	Samples   int     `yaml:"samples" json:"samples"`
+	IntervalS float64 `yaml:"interval_s" json:"interval_s"`
+	Decisions int     `yaml:"decisions" json:"decisions"`
 }
 
 // SLO is the service-level objective every projection is priced against.

@@ -138,6 +138,9 @@ func orList(xs []string) string {
 func (c *Config) check() findings {
 	k := &checker{}
 	k.listen(c.Listen)
+	k.geInt("admin.history.samples", int64(c.Admin.History.Samples), 1)
+	k.gt("admin.history.interval_s", c.Admin.History.IntervalS, 0)
+	k.geInt("admin.history.decisions", int64(c.Admin.History.Decisions), 1)
 	k.ha(c.HA)
 	k.slo(c.SLO)
 	k.router(c.Router)

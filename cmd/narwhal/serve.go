@@ -130,12 +130,13 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		rep.register(reg)
 	}
 	persist := newPersister(save, f, nil, live, log, reg)
+	rec := newRecorder(cfg, start, f, live, reg)
 	var persistDecision func(*controller.Decision, controller.Durable) error
 	if rep != nil { // no decision, and so no role move, that a replica cannot persist
 		persistDecision = rep.persistDecision(f, func() []router.EngineLoad { return live.Snapshot().Engines })
 	}
 	roles = controller.NewLive(ctl, controller.LiveOptions{
-		Fleet: f, Router: live, Logger: log, Observer: observers{admin.NewControllerMetrics(reg), persist}, Log: dlog,
+		Fleet: f, Router: live, Logger: log, Observer: observers{admin.NewControllerMetrics(reg), persist, rec}, Log: dlog,
 		Persist: persistDecision,
 	})
 	persist.roles = roles
@@ -151,7 +152,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		haState = rep.State
 	}
 	adm := admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log,
-		Router: live, Sizing: sizer.Errors, XDS: xds, Controller: roles, HA: haState})
+		Router: live, Sizing: sizer.Errors, XDS: xds, Controller: roles, HA: haState, History: rec.ring})
 	grpcSrv := grpc.NewServer(extproc.GRPCServerOptions(cfg)...)
 	health := grpchealth.NewServer() // Envoy's ext_proc cluster health-checks over gRPC
 	healthpb.RegisterHealthServer(grpcSrv, health)
@@ -195,6 +196,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	wg.Go(func() { _ = xds.Run(runCtx) })
 	wg.Go(func() { _ = live.Run(runCtx) })
 	wg.Go(func() { live.Follow(runCtx, f) })
+	wg.Go(func() { rec.Run(runCtx, config.Seconds(cfg.Admin.History.IntervalS)) })
 	// The leader's loops: the health monitor, the role controller, the switcher of in-place
 	// role switches and the state writer. A single instance leads from the start; a replica once
 	// it wins the election.

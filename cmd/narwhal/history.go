@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/history"
+	"github.com/narwhal-llm/narwhal/router"
+)
+
+// recorder fills the history ring (docs/history.md): a sample of the fleet, the router and the
+// data path's histograms every admin.history.interval_s, and every decision record (it is a
+// controller.Observer).
+type recorder struct {
+	ring   *history.Ring[controller.Decision]
+	fleet  *fleet.Fleet
+	router interface{ Snapshot() router.Snapshot }
+	reg    prometheus.Gatherer
+	slo    float64
+}
+
+func newRecorder(cfg *config.Config, start time.Time, f *fleet.Fleet, rt interface{ Snapshot() router.Snapshot }, reg prometheus.Gatherer) *recorder {
+	h := cfg.Admin.History
+	at := func(d controller.Decision) time.Time { return start.Add(config.Seconds(d.TimeS)) }
+	return &recorder{ring: history.NewRing(h.Samples, h.Decisions, at), fleet: f, router: rt, reg: reg, slo: cfg.SLO.TTFTS}
+}
+
+// ObserveDecision keeps the record.
+func (r *recorder) ObserveDecision(d *controller.Decision, _ time.Duration) { r.ring.AddDecision(*d) }
+
+// Run samples every interval until ctx ends.
+func (r *recorder) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	prev := r.read(time.Now())
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			cur := r.read(now)
+			r.ring.Add(history.NewSample(&prev, &cur, r.slo))
+			prev = cur
+		}
+	}
+}
+
+func (r *recorder) read(now time.Time) history.Reading {
+	rd := history.Reading{T: now, Fleet: r.fleet.Snapshot(), Router: r.router.Snapshot()}
+	fams, _ := r.reg.Gather() // a partial gather still has what it could read
+	for _, mf := range fams {
+		switch mf.GetName() {
+		case "narwhal_ttft_seconds":
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					switch {
+					case l.GetName() != "kind":
+					case l.GetValue() == "observed":
+						rd.TTFT = hist(m)
+					case l.GetValue() == "projected":
+						rd.TTFTProjected = hist(m)
+					}
+				}
+			}
+		case "narwhal_tpot_seconds":
+			if ms := mf.GetMetric(); len(ms) > 0 {
+				rd.TPOT = hist(ms[0])
+			}
+		}
+	}
+	return rd
+}
+
+// hist reads a Prometheus histogram's cumulative buckets.
+func hist(m *dto.Metric) history.Hist {
+	h := m.GetHistogram()
+	out := history.Hist{Count: h.GetSampleCount()}
+	for _, b := range h.GetBucket() {
+		out.Bounds = append(out.Bounds, b.GetUpperBound())
+		out.Counts = append(out.Counts, b.GetCumulativeCount())
+	}
+	return out
+}
