@@ -34,6 +34,18 @@ func NewControllerMetrics(reg prometheus.Registerer) *ControllerMetrics {
 		}),
 	}
 	reg.MustRegister(m.moves, m.evaluations, m.blocks, m.seconds)
+	// Every series a dashboard reads exists from the start, at 0 (not "no data").
+	callers := []string{controller.CallerRegular, controller.CallerUrgent, controller.CallerRepair, controller.CallerReadmission, controller.CallerAPI}
+	for _, c := range callers {
+		m.moves.WithLabelValues("prefill", "decode", c)
+		m.moves.WithLabelValues("decode", "prefill", c)
+		for _, o := range []string{controller.OutcomeMoved, controller.OutcomeRetained, controller.OutcomeBlocked, controller.OutcomeDropped, controller.OutcomeAdvisory} {
+			m.evaluations.WithLabelValues(c, o)
+		}
+	}
+	for _, g := range controller.Gates {
+		m.blocks.WithLabelValues(g)
+	}
 	return m
 }
 

@@ -54,6 +54,10 @@ func NewMetrics(reg prometheus.Registerer, f *fleet.Fleet, version string) *Metr
 	f.OnChange(m.observeFleet)
 	reg.MustRegister(m, m.probes, m.probeSeconds, m.changes, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, e := range f.Snapshot().Engines { // every engine's series from the start, at 0
+		m.probes.WithLabelValues(e.ID, "ok")
+		m.probes.WithLabelValues(e.ID, "fail")
+	}
 	return m
 }
 

@@ -42,6 +42,11 @@ const (
 	GateFlipResidentGuard     = "flip_resident_guard"
 )
 
+// Gates lists every gate, in the reference's order.
+var Gates = []string{GatePins, GateRoleFloors, GateHealthExclusions, GateDwell, GateResidentOwnership, GateProfileCoverage,
+	GateCooldown, GateConfirmation, GateConsolidationEvidence, GateDecodeStability, GateConsolidationTrend, GateDecodeCapacity,
+	GateFlipResidentGuard}
+
 // Decision is one evaluation's record (the decision log's "decision" line): enough for a
 // reader to re-check it without the code.
 type Decision struct {

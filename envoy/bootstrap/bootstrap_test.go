@@ -168,6 +168,11 @@ func TestExamplesValidate(t *testing.T) {
 			checkCompose(t, data)
 		case rel == "docker-compose-ha.yaml":
 			checkHACompose(t, data)
+		case rel == "prometheus/prometheus.yml", strings.HasPrefix(rel, "grafana/provisioning/"): // checked with docker-compose.yaml
+			var v map[string]any
+			if err := yaml.Unmarshal(data, &v); err != nil {
+				t.Errorf("%s: %v", rel, err)
+			}
 		default:
 			t.Errorf("%s: a YAML file the test does not know", rel)
 		}
@@ -291,6 +296,43 @@ func checkCompose(t *testing.T, data []byte) {
 			t.Errorf("envoy-compose.yaml lacks %s", want)
 		}
 	}
+
+	// Prometheus scrapes Narwhal's admin port and every engine; Grafana is provisioned with it and
+	// the dashboard.
+	if got := mount("prometheus", "/etc/prometheus/prometheus.yml"); got != "prometheus/prometheus.yml" {
+		t.Errorf("docker-compose.yaml: prometheus's config is %q", got)
+	}
+	var prom struct {
+		ScrapeConfigs []struct {
+			StaticConfigs []struct {
+				Targets []string `yaml:"targets"`
+			} `yaml:"static_configs"`
+		} `yaml:"scrape_configs"`
+	}
+	pb, err := os.ReadFile(filepath.Join(examplesDir, "prometheus/prometheus.yml"))
+	if err != nil || yaml.Unmarshal(pb, &prom) != nil {
+		t.Fatalf("prometheus.yml: %v", err)
+	}
+	var targets []string
+	for _, sc := range prom.ScrapeConfigs {
+		for _, st := range sc.StaticConfigs {
+			targets = append(targets, st.Targets...)
+		}
+	}
+	want := []string{"narwhal:" + strconv.Itoa(port(cfg.Listen.Admin))}
+	for _, e := range cfg.Engines {
+		want = append(want, e.Address)
+	}
+	for _, w := range want {
+		if !slices.Contains(targets, w) {
+			t.Errorf("prometheus.yml scrapes %v, not %s", targets, w)
+		}
+	}
+	mount("grafana", "/etc/grafana/provisioning")
+	if got := mount("grafana", "/var/lib/grafana/dashboards/narwhal.json"); got != "grafana/narwhal.json" {
+		t.Errorf("docker-compose.yaml: grafana's dashboard is %q", got)
+	}
+	published("grafana", 3000)
 }
 
 // twoEngines completes a test config (a config lists at least one engine).
