@@ -2,12 +2,14 @@
 # engines it names; `make test` installs what the checks need and runs them all.
 GO          ?= go
 BIN         := $(CURDIR)/bin
+# apt-get needs root: sudo when not root.
+SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 VERSION     ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -s -w -X main.version=$(VERSION)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 TEST_FLAGS  ?= -race -count=1 -timeout=30m
 
-.PHONY: all build run test lint fmt vet staticcheck bench bench-sim bench-ha bench-profile fuzz check-long clean
+.PHONY: all build run test lint fmt vet staticcheck browser screenshot bench bench-sim bench-ha bench-profile fuzz check-long clean
 
 all: build
 
@@ -17,8 +19,17 @@ build:
 run: build
 	./scripts/run-local.sh $(BIN)/narwhal
 
-test: lint
+test: lint browser
 	$(GO) test $(TEST_FLAGS) ./...
+
+# The live page's test drives Debian's chromium (headless): installed here when missing.
+browser:
+	@command -v chromium >/dev/null || { echo "installing chromium (the page test's browser)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# docs/page.png, the README's picture of the live page, as the page test takes it.
+screenshot: browser
+	NARWHAL_SCREENSHOT=$(CURDIR)/docs/page.png $(GO) test -count=1 -run='^TestPage$$' ./cmd/narwhal
 
 lint: fmt vet staticcheck
 

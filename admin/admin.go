@@ -69,6 +69,7 @@ func New(o Options) *Server {
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn)}))
 	s.mux.HandleFunc("GET /narwhal/state", s.state)
 	s.mux.HandleFunc("GET /narwhal/history", s.history)
+	s.mux.HandleFunc("GET /{$}", s.servePage)
 	s.mux.HandleFunc("POST /narwhal/engines/{id}/{action}", s.engineAction)
 	s.mux.HandleFunc("POST /narwhal/advise", s.advise)
 	return s

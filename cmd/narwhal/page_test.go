@@ -1,0 +1,151 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+)
+
+// browser starts headless Chromium (Debian's chromium, which `make browser` installs) for t.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("no chromium on PATH (make browser installs Debian's): %v", err)
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox,
+		chromedp.Flag("disable-gpu", true), chromedp.WindowSize(1000, 900))
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancel(); cancelA() })
+	return ctx
+}
+
+// Issue 13, the live page in a real browser: against narwhal serve with four enginesim engines
+// under load, the page at / loads with no console error, shows four engine tiles with their
+// roles, and after an operator's drain the tile and the split timeline change within two
+// seconds without a reload. A screenshot is written (NARWHAL_SCREENSHOT=FILE names it; make
+// screenshot refreshes docs/page.png).
+func TestPage(t *testing.T) {
+	_, engines := startEngines(t, "prefill", "prefill", "decode", "decode")
+	cfg := e2eConfig(anyPort, anyPort, anyPort, engines) + "admin: {history: {interval_s: 0.2}}\n"
+	adminAddr, extprocAddr, _ := start(t, "serve", "--config", writeConfig(t, cfg)).serving(t)
+	waitFor(t, adminAddr, 10*time.Second, "four active engines", allActive(4))
+	load(t, extprocAddr)
+
+	ctx := browser(t)
+	var mu sync.Mutex
+	var problems []string
+	listen := chromedp.Listen(ctx, func(ev any) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch e := ev.(type) {
+		case *runtime.EventConsoleAPICalled:
+			if e.Type == runtime.ConsoleAPICalledTypeError {
+				problems = append(problems, fmt.Sprintf("console error: %v", e.Args))
+			}
+		case *runtime.EventExceptionThrown:
+			problems = append(problems, fmt.Sprintf("exception: %s (line %d)", e.ExceptionDetails.Text, e.ExceptionDetails.LineNumber))
+		}
+	})
+	if listen != nil {
+		t.Fatal(listen)
+	}
+	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := chromedp.Do(tctx, chromedp.Navigate("http://"+adminAddr+"/"), chromedp.WaitVisible(chromedp.ID("tile-e4"))); err != nil {
+		t.Fatal(err)
+	}
+	roles, err := chromedp.Run(tctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll(".tile")].map(t => t.id + "=" + t.dataset.role + "/" + t.dataset.lifecycle)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "tile-e1=prefill/active tile-e2=prefill/active tile-e3=decode/active tile-e4=decode/active"; strings.Join(roles, " ") != want {
+		t.Fatalf("tiles %v, want %s", roles, want)
+	}
+	// The timeline has samples with both decode engines live before the drain.
+	lastDecode := `(() => { const p = document.querySelector("#split polyline[data-series=decode]"); if (!p) return ""; const pts = p.getAttribute("points").trim().split(" "); return pts[pts.length-1].split(",")[1]; })()`
+	if _, err := chromedp.Run(tctx, chromedp.Poll[chromedp.Void](lastDecode+` !== ""`)); err != nil {
+		t.Fatal(err)
+	}
+	before, err := chromedp.Run(tctx, chromedp.Evaluate[string](lastDecode))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, err := httpPost("http://" + adminAddr + "/narwhal/engines/e4/drain"); err != nil || code != 200 {
+		t.Fatalf("drain: %d %v", code, err)
+	}
+	drained := time.Now()
+	wctx, wcancel := context.WithTimeout(tctx, 2*time.Second)
+	defer wcancel()
+	if err := chromedp.Do(wctx,
+		chromedp.Poll[chromedp.Void](`document.querySelector("#tile-e4").dataset.lifecycle === "draining"`, chromedp.WithPollingInterval(50*time.Millisecond)),
+		chromedp.Poll[chromedp.Void](lastDecode+` !== `+fmt.Sprintf("%q", before), chromedp.WithPollingInterval(50*time.Millisecond)),
+	); err != nil {
+		t.Fatalf("the tile and the timeline within 2 s of the drain: %v", err)
+	}
+	t.Logf("the page showed the drain %v after it", time.Since(drained).Round(10*time.Millisecond))
+	if err := chromedp.Do(tctx, chromedp.Sleep(time.Second)); err != nil { // a second more of timeline in the picture
+		t.Fatal(err)
+	}
+	shot, err := chromedp.Run(tctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := os.Getenv("NARWHAL_SCREENSHOT")
+	if out == "" {
+		out = filepath.Join(t.TempDir(), "page.png")
+	}
+	if err := os.WriteFile(out, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s (%d bytes)", out, len(shot))
+	mu.Lock()
+	defer mu.Unlock()
+	if len(problems) > 0 {
+		t.Fatalf("the page logged problems:\n%s", strings.Join(problems, "\n"))
+	}
+}
+
+// load sends streamed completions through the Envoy-faithful gateway, ten a second, until the
+// test ends.
+func load(t *testing.T, extprocAddr string) {
+	t.Helper()
+	_, hs := envoytest.StartGateway(t, extprocAddr, envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed,
+		AllowModeOverride: true, MessageTimeout: time.Minute, ReceivingNamespaces: []string{"envoy.lb"}})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	wg.Go(func() {
+		tick := time.NewTicker(100 * time.Millisecond) // the load's pace
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			wg.Go(func() {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, hs.URL+"/v1/completions",
+					strings.NewReader(`{"model":"m","prompt":"`+strings.Repeat("word ", 400)+`","max_tokens":64,"stream":true}`))
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			})
+		}
+	})
+}
