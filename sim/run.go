@@ -117,6 +117,8 @@ type result struct {
 	done      time.Time // zero until it finished
 	generated int
 	rejected  bool
+	code      router.Code // why it was turned away
+	left      time.Time   // when it left the waiting set (placed or turned away)
 	failed    bool
 	kind      router.Kind
 	prefill   int32    // engine index
@@ -319,7 +321,7 @@ func (s *run) arrive(i int) {
 	o.handle = out.Handle
 	switch out.Status {
 	case router.Rejected:
-		o.rejected = true
+		o.rejected, o.code, o.left = true, out.Code, s.now
 	case router.Waiting:
 		s.open++
 		s.handles[out.Handle] = int32(i)
@@ -358,7 +360,7 @@ func (s *run) settle() {
 			case router.Dispatched:
 				s.dispatch(int(i), o.Placement)
 			case router.Rejected:
-				s.out[i].rejected = true
+				s.out[i].rejected, s.out[i].code, s.out[i].left = true, o.Code, s.now
 				s.open--
 				delete(s.handles, o.Handle)
 			}
@@ -397,7 +399,7 @@ func (s *run) switches() {
 // both phases on the fallback engine (aggregate).
 func (s *run) dispatch(i int, p router.Placement) {
 	o := &s.out[i]
-	o.kind = p.Kind
+	o.kind, o.left = p.Kind, s.now
 	o.prefill, o.decode = int32(s.byID[p.Prefill]), int32(s.byID[p.Decode])
 	q := &s.reqs[i]
 	prompt, output := max(q.InputTokens, 1), max(q.OutputTokens, 1)

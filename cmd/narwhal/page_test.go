@@ -149,3 +149,58 @@ func load(t *testing.T, extprocAddr string) {
 		}
 	})
 }
+
+// Issue 13, the same charts offline: narwhal sim --plot FILE.html writes the live page with the
+// replay's history (a policy a view) in /narwhal/history's shape. In the browser it loads with no
+// console error, offers every policy, draws the split with one mark per decision that moved, and
+// a click on a mark shows that decision: its reason, candidates and gates.
+func TestSimPage(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "sim.html")
+	if log, code := runBin(t, "sim", "--synthetic", "phases", "--synthetic-rate", "30", "--synthetic-duration-s", "600", "--phase-s", "200",
+		"--policy", "narwhal,static", "--window-s", "30", "--plot", out, "--report", filepath.Join(t.TempDir(), "r.json")); code != 0 {
+		t.Fatalf("sim: exit %d\n%s", code, log)
+	}
+	ctx := browser(t)
+	var mu sync.Mutex
+	var problems []string
+	if err := chromedp.Listen(ctx, func(ev any) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch e := ev.(type) {
+		case *runtime.EventConsoleAPICalled:
+			if e.Type == runtime.ConsoleAPICalledTypeError {
+				problems = append(problems, fmt.Sprintf("console error: %v", e.Args))
+			}
+		case *runtime.EventExceptionThrown:
+			problems = append(problems, fmt.Sprintf("exception: %s (line %d)", e.ExceptionDetails.Text, e.ExceptionDetails.LineNumber))
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := chromedp.Do(tctx, chromedp.Navigate("file://"+out), chromedp.WaitVisible(chromedp.CSS("#split polyline"))); err != nil {
+		t.Fatal(err)
+	}
+	policies, err := chromedp.Run(tctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#run option")].map(o => o.value)`))
+	if err != nil || strings.Join(policies, ",") != "narwhal,static" {
+		t.Fatalf("policies %v %v", policies, err)
+	}
+	marks, err := chromedp.Run(tctx, chromedp.Evaluate[int](`document.querySelectorAll("#split .move").length`))
+	if err != nil || marks == 0 {
+		t.Fatalf("%d role-change marks on the narwhal replay (a moving mix): %v", marks, err)
+	}
+	if err := chromedp.Do(tctx, chromedp.Evaluate[chromedp.Void](`document.querySelector("#split .move").dispatchEvent(new MouseEvent("click"))`),
+		chromedp.WaitVisible(chromedp.ID("decision"))); err != nil {
+		t.Fatal(err)
+	}
+	text, err := chromedp.Run(tctx, chromedp.Evaluate[string](`document.querySelector("#decision").innerText`))
+	if err != nil || !strings.Contains(text, "Decision ") || !strings.Contains(text, "ttft_ratio") || !strings.Contains(text, "gate") {
+		t.Fatalf("the decision shown: %q %v", text, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(problems) > 0 {
+		t.Fatalf("the page logged problems:\n%s", strings.Join(problems, "\n"))
+	}
+}

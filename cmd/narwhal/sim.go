@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"os"
 	"path/filepath"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/narwhal-llm/narwhal/page"
 	"github.com/narwhal-llm/narwhal/sim"
 )
 
@@ -96,7 +98,11 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 			if err := writeOut(reportPath, stdout, func(w io.Writer) error { return writeJSON(w, rep) }); err != nil {
 				return err
 			}
-			if err := writeOut(plotPath, nil, func(w io.Writer) error { rep.WritePlot(w); return nil }); err != nil {
+			plot := func(w io.Writer) error { rep.WritePlot(w); return nil }
+			if strings.HasSuffix(plotPath, ".html") { // the live page's charts, from the replay's history
+				plot = func(w io.Writer) error { return page.Static(w, rep.Page(cfg)) }
+			}
+			if err := writeOut(plotPath, nil, plot); err != nil {
 				return err
 			}
 			if err := writeOut(decisionsPath, nil, rep.WriteDecisions); err != nil {
@@ -111,7 +117,7 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 	f.StringVar(&policies, "policy", "narwhal", "policies, comma-separated: narwhal, static, static:P, static:best, threshold, oracle:window")
 	f.StringVar(&reportPath, "report", "", "write the JSON report here (default: stdout)")
 	f.StringVar(&decisionsPath, "decisions", "", "write every decision record here, as JSON lines with a \"policy\" field")
-	f.StringVar(&plotPath, "plot", "", "write an SVG here: offered rate, TTFT p99 against the SLO and the split over time, a row per policy")
+	f.StringVar(&plotPath, "plot", "", "write an SVG here: offered rate, TTFT p99 against the SLO and the split over time, a row per policy; a FILE.html gets the live page's charts of the replay (a policy a view)")
 	f.StringVar(&sweepSpec, "sweep-rate", "", "A:B:STEP: replay at each rate scale from A to B and print each policy's attainment and goodput (the largest rate at 90% attainment)")
 	f.Float64Var(&durationS, "duration-s", 0, "replay the first N seconds of the trace (after --rate-scale; 0: all)")
 	f.Float64Var(&rateScale, "rate-scale", 1, "compress the trace's time by this factor (2: twice the rate)")

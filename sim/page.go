@@ -1,0 +1,137 @@
+package sim
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"slices"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/history"
+	"github.com/narwhal-llm/narwhal/page"
+	"github.com/narwhal-llm/narwhal/router"
+)
+
+// recordedHistory is one replay in /narwhal/history's shape (admin.History), for the live page:
+// a sample a window — the split at its end, the offered and admitted rate, the waiting set at
+// its end, the offers turned away by code, completions, TTFT and TPOT percentiles and the TTFT
+// attainment of the requests that arrived in it — and the replay's decision records that moved
+// (or would have).
+type recordedHistory struct {
+	Epoch     time.Time         `json:"epoch"`
+	IntervalS float64           `json:"interval_s"`
+	Capacity  map[string]int    `json:"capacity"`
+	Advisory  bool              `json:"advisory"`
+	SLO       config.SLO        `json:"slo"`
+	Samples   []history.Sample  `json:"samples"`
+	Decisions []json.RawMessage `json:"decisions"`
+}
+
+// Page is the report as the live page draws it (narwhal sim --plot FILE.html): one recorded
+// history a policy.
+func (rep *Report) Page(cfg *config.Config) page.Recorded {
+	rec := page.Recorded{Title: "narwhal sim: " + rep.Trace}
+	for _, p := range rep.Policies {
+		s := rep.runs[p.Policy]
+		if s == nil {
+			continue
+		}
+		h := recordedHistory{Epoch: Epoch, IntervalS: rep.WindowS, Advisory: cfg.Controller.Advisory, SLO: cfg.SLO,
+			Samples: rep.samples(cfg, p, s), Decisions: decisionLines(rep.logs[p.Policy])}
+		h.Capacity = map[string]int{"samples": len(h.Samples), "decisions": len(h.Decisions)}
+		rec.Runs = append(rec.Runs, page.Run{Name: p.Policy, History: h})
+	}
+	return rec
+}
+
+func (rep *Report) samples(cfg *config.Config, p PolicyReport, s *run) []history.Sample {
+	out := make([]history.Sample, len(p.Windows))
+	ttft, tpot := make([][]float64, len(out)), make([][]float64, len(out))
+	within := make([]int, len(out))
+	for i := range s.out {
+		o := &s.out[i]
+		w := min(int(s.reqs[i].ArrivalS/rep.WindowS), len(out)-1)
+		smp := &out[w]
+		smp.OfferedPerS++
+		if o.rejected {
+			addRejection(&smp.Rejected, o.code)
+		} else {
+			smp.AdmittedPerS++
+		}
+		if !o.done.IsZero() && !o.first.IsZero() {
+			smp.Completed++
+			t := o.first.Sub(o.arrival).Seconds()
+			ttft[w] = append(ttft[w], t)
+			if t <= cfg.SLO.TTFTS {
+				within[w]++
+			}
+			if o.generated > 1 {
+				tpot[w] = append(tpot[w], o.done.Sub(o.first).Seconds()/float64(o.generated-1))
+			}
+		}
+		// Waiting at the end of each window from its arrival until it left the waiting set.
+		leftW := len(out)
+		if !o.left.IsZero() {
+			leftW = int(o.left.Sub(Epoch).Seconds() / rep.WindowS)
+		}
+		for k := w; k < min(leftW, len(out)); k++ {
+			out[k].Waiting++
+		}
+	}
+	for w := range out {
+		smp := &out[w]
+		smp.T = Epoch.Add(config.Seconds(float64(w+1) * rep.WindowS))
+		smp.Prefill, smp.Decode = p.Windows[w].Prefill, p.Windows[w].Decode
+		smp.OfferedPerS /= rep.WindowS
+		smp.AdmittedPerS /= rep.WindowS
+		smp.Engines = []history.EngineSample{}
+		smp.TTFT, smp.TPOT = quantilesOf(ttft[w]), quantilesOf(tpot[w])
+		if n := len(ttft[w]); n > 0 {
+			a := float64(within[w]) / float64(n)
+			smp.Attainment = &a
+		}
+	}
+	return out
+}
+
+func addRejection(o *router.Overflow, c router.Code) {
+	switch c {
+	case router.WaitingSetFull:
+		o.WaitingSetFull++
+	case router.PredictedSLOMiss:
+		o.PredictedSLOMiss++
+	case router.FallbackBusy:
+		o.FallbackBusy++
+	case router.NoCapacity:
+		o.NoCapacity++
+	case router.WaitTimeout:
+		o.WaitTimeout++
+	case router.ShuttingDown:
+		o.ShuttingDown++
+	}
+}
+
+// quantilesOf are the report's percentiles of v in a sample's shape (nil when empty).
+func quantilesOf(v []float64) *history.Quantiles {
+	p := percentiles(v)
+	if p.P50 == nil {
+		return nil
+	}
+	return &history.Quantiles{P50: *p.P50, P90: *p.P90, P99: *p.P99}
+}
+
+// decisionLines are the decision records of a replay's log that moved an engine or would have
+// (advisory): the ones the page marks on its split.
+func decisionLines(log []byte) []json.RawMessage {
+	out := []json.RawMessage{}
+	sc := bufio.NewScanner(bytes.NewReader(log))
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for sc.Scan() {
+		b := sc.Bytes()
+		if bytes.Contains(b, []byte(`"kind":"decision"`)) && (bytes.Contains(b, []byte(`"outcome":"moved"`)) || bytes.Contains(b, []byte(`"advisory_result":"would_move"`))) {
+			out = append(out, json.RawMessage(slices.Clone(sc.Bytes())))
+		}
+	}
+	return out
+}
