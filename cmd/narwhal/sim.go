@@ -4,9 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strings"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
