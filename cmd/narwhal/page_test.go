@@ -204,3 +204,20 @@ func TestSimPage(t *testing.T) {
 		t.Fatalf("the page logged problems:\n%s", strings.Join(problems, "\n"))
 	}
 }
+
+// In advisory mode the page says so at the top.
+func TestPageAdvisory(t *testing.T) {
+	_, engines := startEngines(t, "prefill", "decode")
+	cfg := e2eConfig(anyPort, anyPort, anyPort, engines) + "controller: {advisory: true}\nadmin: {history: {interval_s: 0.2}}\n"
+	adminAddr, _, _ := start(t, "serve", "--config", writeConfig(t, cfg)).serving(t)
+	ctx := browser(t)
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := chromedp.Do(tctx, chromedp.Navigate("http://"+adminAddr+"/"), chromedp.WaitVisible(chromedp.ID("advisory"))); err != nil {
+		t.Fatal(err)
+	}
+	text, err := chromedp.Run(tctx, chromedp.Evaluate[string](`document.querySelector("#advisory").innerText`))
+	if err != nil || !strings.HasPrefix(text, "Advisory mode: the controller records the moves it would make and makes none.") {
+		t.Fatalf("the banner: %q %v", text, err)
+	}
+}
