@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -34,6 +35,33 @@ func browser(t *testing.T) context.Context {
 	return ctx
 }
 
+// consoleProblems collects the page's console errors and uncaught exceptions; the function it
+// returns reads them.
+func consoleProblems(t *testing.T, ctx context.Context) func() []string {
+	t.Helper()
+	var mu sync.Mutex
+	var problems []string
+	if err := chromedp.Listen(ctx, func(ev any) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch e := ev.(type) {
+		case *runtime.EventConsoleAPICalled:
+			if e.Type == runtime.ConsoleAPICalledTypeError {
+				problems = append(problems, fmt.Sprintf("console error: %v", e.Args))
+			}
+		case *runtime.EventExceptionThrown:
+			problems = append(problems, fmt.Sprintf("exception: %s (line %d)", e.ExceptionDetails.Text, e.ExceptionDetails.LineNumber))
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(problems)
+	}
+}
+
 // Issue 13, the live page in a real browser: against narwhal serve with four enginesim engines
 // under load, the page at / loads with no console error, shows four engine tiles with their
 // roles, and after an operator's drain the tile and the split timeline change within two
@@ -47,23 +75,7 @@ func TestPage(t *testing.T) {
 	load(t, extprocAddr)
 
 	ctx := browser(t)
-	var mu sync.Mutex
-	var problems []string
-	listen := chromedp.Listen(ctx, func(ev any) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch e := ev.(type) {
-		case *runtime.EventConsoleAPICalled:
-			if e.Type == runtime.ConsoleAPICalledTypeError {
-				problems = append(problems, fmt.Sprintf("console error: %v", e.Args))
-			}
-		case *runtime.EventExceptionThrown:
-			problems = append(problems, fmt.Sprintf("exception: %s (line %d)", e.ExceptionDetails.Text, e.ExceptionDetails.LineNumber))
-		}
-	})
-	if listen != nil {
-		t.Fatal(listen)
-	}
+	problems := consoleProblems(t, ctx)
 	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	if err := chromedp.Do(tctx, chromedp.Navigate("http://"+adminAddr+"/"), chromedp.WaitVisible(chromedp.ID("tile-e4"))); err != nil {
@@ -113,10 +125,8 @@ func TestPage(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("screenshot: %s (%d bytes)", out, len(shot))
-	mu.Lock()
-	defer mu.Unlock()
-	if len(problems) > 0 {
-		t.Fatalf("the page logged problems:\n%s", strings.Join(problems, "\n"))
+	if p := problems(); len(p) > 0 {
+		t.Fatalf("the page logged problems:\n%s", strings.Join(p, "\n"))
 	}
 }
 
@@ -161,22 +171,7 @@ func TestSimPage(t *testing.T) {
 		t.Fatalf("sim: exit %d\n%s", code, log)
 	}
 	ctx := browser(t)
-	var mu sync.Mutex
-	var problems []string
-	if err := chromedp.Listen(ctx, func(ev any) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch e := ev.(type) {
-		case *runtime.EventConsoleAPICalled:
-			if e.Type == runtime.ConsoleAPICalledTypeError {
-				problems = append(problems, fmt.Sprintf("console error: %v", e.Args))
-			}
-		case *runtime.EventExceptionThrown:
-			problems = append(problems, fmt.Sprintf("exception: %s (line %d)", e.ExceptionDetails.Text, e.ExceptionDetails.LineNumber))
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
+	problems := consoleProblems(t, ctx)
 	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	if err := chromedp.Do(tctx, chromedp.Navigate("file://"+out), chromedp.WaitVisible(chromedp.CSS("#split polyline"))); err != nil {
@@ -198,10 +193,8 @@ func TestSimPage(t *testing.T) {
 	if err != nil || !strings.Contains(text, "Decision ") || !strings.Contains(text, "ttft_ratio") || !strings.Contains(text, "gate") {
 		t.Fatalf("the decision shown: %q %v", text, err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(problems) > 0 {
-		t.Fatalf("the page logged problems:\n%s", strings.Join(problems, "\n"))
+	if p := problems(); len(p) > 0 {
+		t.Fatalf("the page logged problems:\n%s", strings.Join(p, "\n"))
 	}
 }
 
