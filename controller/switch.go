@@ -55,6 +55,7 @@ func (s *Switcher) Run(ctx context.Context) {
 	s.active = map[string]bool{}
 	ch, cancel := s.Fleet.Subscribe()
 	defer cancel()
+	again := make(chan struct{}, 1) // a carry ended: look again (a next switch of its engine)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -71,6 +72,10 @@ func (s *Switcher) Run(ctx context.Context) {
 					s.mu.Lock()
 					delete(s.active, e.ID)
 					s.mu.Unlock()
+					select {
+					case again <- struct{}{}:
+					default:
+					}
 				})
 			}
 		}
@@ -78,6 +83,7 @@ func (s *Switcher) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-ch:
+		case <-again:
 		}
 	}
 }
