@@ -37,7 +37,7 @@ func newLoop(s *scheduler) *loop {
 }
 
 // maxLead bounds how early the timer is armed.
-const maxLead = time.Millisecond
+const maxLead = 500 * time.Microsecond
 
 func (l *loop) run() {
 	defer close(l.done)
