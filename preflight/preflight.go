@@ -144,7 +144,7 @@ func orNoToken(err error) error {
 	return err
 }
 
-// speeds measures prefill (the fastest of two at each of two lengths) and decode (four streams)
+// speeds measures prefill (the fastest of three at each of two lengths: what a busy machine adds only adds time) and decode (four streams)
 // against the engine's profile.
 func speeds(ctx context.Context, e *profiler.Engine, prof config.Profile, ce config.Engine, add func(Check)) {
 	row := func(check string, ratio float64, format string, args ...any) {
@@ -158,9 +158,9 @@ func speeds(ctx context.Context, e *profiler.Engine, prof config.Profile, ce con
 	}
 	if c := prof.Prefill; c != nil {
 		worst, at := 1.0, ""
-		for _, n := range slices.Compact([]int{min(512, c.MaxTokens), min(4096, c.MaxTokens)}) {
+		for _, n := range slices.Compact([]int{min(1024, c.MaxTokens), min(4096, c.MaxTokens)}) {
 			best := profiler.PrefillPoint{}
-			for range 2 {
+			for range 3 {
 				pt, err := p.Prefill(ctx, n)
 				if err != nil {
 					add(Check{Check: "prefill_speed", Engine: ce.ID, Detail: fmt.Sprintf("a %d-token prefill: %v", n, err)})
