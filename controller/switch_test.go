@@ -53,7 +53,7 @@ func TestSGLangSwitch(t *testing.T) {
 }
 
 // residents is the router as a test plays it: each Await re-checks its condition whenever the
-// test sets the residents.
+// test sets the residents, and, as router.Live following the fleet does, on every fleet change.
 type residents struct {
 	mu      sync.Mutex
 	snap    router.Snapshot
@@ -66,6 +66,23 @@ func (r *residents) set(loads ...router.EngineLoad) {
 	close(r.changed)
 	r.changed = make(chan struct{})
 	r.mu.Unlock()
+}
+
+// follow wakes the waiters on every change of f until ctx ends.
+func (r *residents) follow(ctx context.Context, f *fleet.Fleet) {
+	ch, cancel := f.Subscribe()
+	defer cancel()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+			r.mu.Lock()
+			close(r.changed)
+			r.changed = make(chan struct{})
+			r.mu.Unlock()
+		}
+	}
 }
 
 func (r *residents) Await(ctx context.Context, cond func(router.Snapshot) bool) error {
@@ -121,6 +138,7 @@ func TestSwitcher(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	sw := &Switcher{Fleet: f, Router: rt, Client: calls, Timeout: time.Minute}
 	var wg sync.WaitGroup
+	wg.Go(func() { rt.follow(ctx, f) })
 	wg.Go(func() { sw.Run(ctx) })
 	defer func() { cancel(); wg.Wait() }()
 	ended := func(id string, want fleet.Lifecycle, role fleet.Role) {
