@@ -183,3 +183,35 @@ func BenchmarkFork(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSnapshot measures Snapshot (what /narwhal/state, /metrics, the history sampler and
+// every controller evaluation read) with streams decoding on the decode engines: 16 a decode
+// engine, one of them finished before each op, so that every engine's projected drain is stale.
+func BenchmarkSnapshot(b *testing.B) {
+	for _, n := range []int{64, 1024} {
+		b.Run(fmt.Sprintf("engines=%d", n), func(b *testing.B) {
+			r := benchRouter(b, n)
+			now := epoch
+			var decoding []Handle
+			for len(decoding) < 16*n/2 {
+				now = now.Add(time.Microsecond)
+				o := r.Offer(now, Offer{ID: "d", PromptTokens: 64, MaxTokens: 4000})
+				if o.Status != Dispatched {
+					b.Fatalf("not placed: %+v", o)
+				}
+				_ = r.FirstToken(now, o.Handle)
+				decoding = append(decoding, o.Handle)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				for k := range r.engines {
+					r.engines[k].drainOK = false
+				}
+				b.StartTimer()
+				_ = r.Snapshot(now)
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
@@ -277,5 +278,30 @@ func TestPriceCountsResidentsDecodingAtTheHorizon(t *testing.T) {
 	one := e.stepSeconds(1, 10+100000) / r.slo.TPOTS
 	if math.Abs(ps[0].TPOTRatio-one) > 1e-9 {
 		t.Fatalf("tpot_ratio %.6f, want %.6f (the one stream decoding at the horizon)", ps[0].TPOTRatio, one)
+	}
+}
+
+// Snapshot's drains (one walk of the entries for every engine) are the ones freeAt projects an
+// engine at a time.
+func TestSnapshotDrainsAsFreeAt(t *testing.T) {
+	r := testRouter(t, config.Default(), "p1 prefill", "p2 prefill", "d1 decode", "d2 decode")
+	now := epoch
+	for i := range 12 {
+		now = now.Add(time.Millisecond)
+		o := r.Offer(now, Offer{ID: "d", PromptTokens: 64, MaxTokens: 100 * (i + 1)})
+		if o.Status == Dispatched && i%3 != 0 {
+			_ = r.FirstToken(now, o.Handle)
+		}
+	}
+	now = now.Add(50 * time.Millisecond)
+	snap := r.Snapshot(now)
+	tt := r.at(now)
+	for i := range r.engines {
+		r.engines[i].drainOK = false
+	}
+	for i, l := range snap.Engines {
+		if want := r.freeAt(tt, i) - tt; l.DrainS != want || (r.engines[i].streams > 0 && want <= 0) {
+			t.Errorf("%s: drain_s %v, freeAt %v (streams %d)", l.ID, l.DrainS, want, r.engines[i].streams)
+		}
 	}
 }

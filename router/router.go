@@ -458,6 +458,33 @@ func (r *Router) freeAt(t float64, i int) float64 {
 	return free + max(0, e.drainAt-t)
 }
 
+// refreshDrains brings every engine's projected drain (freeAt's drainAt) up to date in one walk
+// of the entries: Snapshot reads every engine's, and freeAt alone walks them once an engine.
+func (r *Router) refreshDrains(t float64) {
+	stale := false
+	for i := range r.engines {
+		if e := &r.engines[i]; e.streams > 0 && !e.drainOK {
+			e.drainAt, stale = t, true
+		}
+	}
+	if !stale {
+		return
+	}
+	for k := range r.slots {
+		s := &r.slots[k]
+		if d := int(s.decode); d >= 0 && d < len(r.engines) {
+			if e := &r.engines[d]; e.streams > 0 && !e.drainOK {
+				e.drainAt = max(e.drainAt, r.residentEnd(t, s))
+			}
+		}
+	}
+	for i := range r.engines {
+		if e := &r.engines[i]; e.streams > 0 {
+			e.drainOK = true
+		}
+	}
+}
+
 // residentEnd projects when a dispatched request finishes decoding on its decode engine: its
 // expected output tokens (less those already produced) at the engine's current step time.
 // Other entries give t.
@@ -1102,6 +1129,7 @@ func (r *Router) Snapshot(now time.Time) Snapshot {
 		Engines: make([]EngineLoad, len(r.engines)),
 	}
 	s.Retained.Samples = r.demand.long.n
+	r.refreshDrains(t)
 	for i := range r.engines {
 		e := &r.engines[i]
 		s.Engines[i] = EngineLoad{
