@@ -5,28 +5,9 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/controller"
 	"github.com/narwhal-llm/narwhal/history"
 )
-
-// History is the process's history as GET /narwhal/history serves it (docs/history.md).
-type History struct {
-	// Epoch is the time decision records count their time_s from (the process's start).
-	Epoch     time.Time             `json:"epoch"`
-	IntervalS float64               `json:"interval_s"`
-	Capacity  HistoryCap            `json:"capacity"`
-	Advisory  bool                  `json:"advisory"`
-	SLO       config.SLO            `json:"slo"`
-	Samples   []history.Sample      `json:"samples"`
-	Decisions []controller.Decision `json:"decisions"`
-}
-
-// HistoryCap is what the history keeps.
-type HistoryCap struct {
-	Samples   int `json:"samples"`
-	Decisions int `json:"decisions"`
-}
 
 // history serves GET /narwhal/history?since=T: the samples and decision records after T (RFC
 // 3339, or seconds since the Unix epoch; everything kept without it). It needs no token: it shows
@@ -52,8 +33,9 @@ func (s *Server) history(w http.ResponseWriter, r *http.Request) {
 	samples, decisions := s.o.History.Since(since)
 	_, _, sc, dc := s.o.History.Len()
 	h := s.o.Config.Admin.History
-	writeJSON(w, http.StatusOK, History{Epoch: s.o.Start, IntervalS: h.IntervalS, Capacity: HistoryCap{sc, dc},
-		Advisory: s.o.Config.Controller.Advisory, SLO: s.o.Config.SLO, Samples: nonNil(samples), Decisions: nonNil(decisions)})
+	writeJSON(w, http.StatusOK, history.Document[controller.Decision]{Epoch: s.o.Start, IntervalS: h.IntervalS,
+		Capacity: history.Capacity{Samples: sc, Decisions: dc}, Advisory: s.o.Config.Controller.Advisory, SLO: s.o.Config.SLO,
+		Samples: nonNil(samples), Decisions: nonNil(decisions)})
 }
 
 func nonNil[T any](s []T) []T {

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
 )
@@ -169,6 +170,25 @@ func quantiles(a, b Hist) *Quantiles {
 		return nil
 	}
 	return &Quantiles{P50: d.quantile(0.5), P90: d.quantile(0.9), P99: d.quantile(0.99)}
+}
+
+// Document is the history as GET /narwhal/history answers it and a recorded page draws it
+// (docs/history.md); D is the decision record (controller.Decision, or its JSON).
+type Document[D any] struct {
+	// Epoch is the time decision records count their time_s from (the process's start).
+	Epoch     time.Time  `json:"epoch"`
+	IntervalS float64    `json:"interval_s"`
+	Capacity  Capacity   `json:"capacity"`
+	Advisory  bool       `json:"advisory"`
+	SLO       config.SLO `json:"slo"`
+	Samples   []Sample   `json:"samples"`
+	Decisions []D        `json:"decisions"`
+}
+
+// Capacity is what a history keeps.
+type Capacity struct {
+	Samples   int `json:"samples"`
+	Decisions int `json:"decisions"`
 }
 
 // Ring keeps the last samples and the last decision records, each in a fixed capacity.

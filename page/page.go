@@ -10,6 +10,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+
+	"github.com/narwhal-llm/narwhal/history"
 )
 
 //go:embed index.html
@@ -45,8 +47,6 @@ type Recorded struct {
 
 // Run is one recorded history.
 type Run struct {
-	Name string `json:"name"`
-	// History is the /narwhal/history document (admin.History's shape: epoch, interval_s,
-	// capacity, advisory, slo, samples, decisions).
-	History any `json:"history"`
+	Name    string                            `json:"name"`
+	History history.Document[json.RawMessage] `json:"history"`
 }

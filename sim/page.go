@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"slices"
-	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/history"
@@ -13,23 +12,8 @@ import (
 	"github.com/narwhal-llm/narwhal/router"
 )
 
-// recordedHistory is one replay in /narwhal/history's shape (admin.History), for the live page:
-// a sample a window — the split at its end, the offered and admitted rate, the waiting set at
-// its end, the offers turned away by code, completions, TTFT and TPOT percentiles and the TTFT
-// attainment of the requests that arrived in it — and the replay's decision records that moved
-// (or would have).
-type recordedHistory struct {
-	Epoch     time.Time         `json:"epoch"`
-	IntervalS float64           `json:"interval_s"`
-	Capacity  map[string]int    `json:"capacity"`
-	Advisory  bool              `json:"advisory"`
-	SLO       config.SLO        `json:"slo"`
-	Samples   []history.Sample  `json:"samples"`
-	Decisions []json.RawMessage `json:"decisions"`
-}
-
 // Page is the report as the live page draws it (narwhal sim --plot FILE.html): one recorded
-// history a policy.
+// history a policy, in /narwhal/history's shape.
 func (rep *Report) Page(cfg *config.Config) page.Recorded {
 	rec := page.Recorded{Title: "narwhal sim: " + rep.Trace}
 	for _, p := range rep.Policies {
@@ -37,9 +21,13 @@ func (rep *Report) Page(cfg *config.Config) page.Recorded {
 		if s == nil {
 			continue
 		}
-		h := recordedHistory{Epoch: Epoch, IntervalS: rep.WindowS, Advisory: cfg.Controller.Advisory, SLO: cfg.SLO,
+		// A sample a window (the split at its end, the offered and admitted rate, the waiting set
+		// at its end, the offers turned away by code, completions, TTFT and TPOT percentiles and
+		// the TTFT attainment of the requests that arrived in it), and the replay's decisions
+		// that moved (or would have).
+		h := history.Document[json.RawMessage]{Epoch: Epoch, IntervalS: rep.WindowS, Advisory: cfg.Controller.Advisory, SLO: cfg.SLO,
 			Samples: rep.samples(cfg, p, s), Decisions: decisionLines(rep.logs[p.Policy])}
-		h.Capacity = map[string]int{"samples": len(h.Samples), "decisions": len(h.Decisions)}
+		h.Capacity = history.Capacity{Samples: len(h.Samples), Decisions: len(h.Decisions)}
 		rec.Runs = append(rec.Runs, page.Run{Name: p.Policy, History: h})
 	}
 	return rec

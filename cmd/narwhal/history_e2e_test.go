@@ -7,10 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/narwhal-llm/narwhal/admin"
+	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/history"
 )
 
-func getHistory(t *testing.T, adminAddr, since string) (admin.History, int) {
+func getHistory(t *testing.T, adminAddr, since string) (history.Document[controller.Decision], int) {
 	t.Helper()
 	u := "http://" + adminAddr + "/narwhal/history"
 	if since != "" {
@@ -21,7 +22,7 @@ func getHistory(t *testing.T, adminAddr, since string) (admin.History, int) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var h admin.History
+	var h history.Document[controller.Decision]
 	if resp.StatusCode == 200 {
 		if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
 			t.Fatal(err)
@@ -43,7 +44,7 @@ func TestServeHistory(t *testing.T) {
 		t.Fatalf("drain: %d %v", code, err)
 	}
 	drained := time.Now()
-	var h admin.History
+	var h history.Document[controller.Decision]
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		h, _ = getHistory(t, adminAddr, "")
@@ -56,7 +57,7 @@ func TestServeHistory(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // polling another process's ring
 	}
 	last := h.Samples[len(h.Samples)-1]
-	if h.Capacity != (admin.HistoryCap{Samples: 8, Decisions: 4}) || h.IntervalS != 0.05 || last.Prefill != 2 || last.Decode != 1 || len(last.Engines) != 4 || !last.Engines[3].Drained {
+	if h.Capacity != (history.Capacity{Samples: 8, Decisions: 4}) || h.IntervalS != 0.05 || last.Prefill != 2 || last.Decode != 1 || len(last.Engines) != 4 || !last.Engines[3].Drained {
 		t.Fatalf("history %+v, last sample %+v", h.Capacity, last)
 	}
 	for i := 1; i < len(h.Samples); i++ {
