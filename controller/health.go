@@ -39,6 +39,16 @@ func NewHealth(cfg config.Health) *Health {
 	return &Health{cfg: cfg, streaks: map[string]*streak{}}
 }
 
+// Clone returns an independent copy of the health core, its streaks included.
+func (h *Health) Clone() *Health {
+	c := &Health{cfg: h.cfg, streaks: make(map[string]*streak, len(h.streaks))}
+	for id, s := range h.streaks {
+		cp := *s
+		c.streaks[id] = &cp
+	}
+	return c
+}
+
 // Observe takes one probe result of engine e (as the fleet has it now) seen at now, and
 // returns the lifecycle it must move to (zero when none). The streak goes on from the change
 // when the caller applies it; a change made by anyone else restarts it.

@@ -8,6 +8,7 @@ import "github.com/hashicorp/golang-lru/v2/simplelru"
 // way (the prefill curve at the uncached tokens).
 type prefixCache struct {
 	lru          *simplelru.LRU[uint64, struct{}]
+	blocks       int // the LRU's size
 	blockTokens  int
 	hitTokens    uint64 // prompt tokens served from the cache
 	promptTokens uint64 // prompt tokens prefilled, cached or not
@@ -21,7 +22,20 @@ func newPrefixCache(blocks, blockTokens int) *prefixCache {
 	if err != nil {
 		return nil
 	}
-	return &prefixCache{lru: lru, blockTokens: blockTokens}
+	return &prefixCache{lru: lru, blocks: blocks, blockTokens: blockTokens}
+}
+
+// clone copies the cache, its blocks in the same recency order (nil stays nil).
+func (c *prefixCache) clone() *prefixCache {
+	if c == nil {
+		return nil
+	}
+	n := *c
+	n.lru, _ = simplelru.NewLRU[uint64, struct{}](c.blocks, nil)
+	for _, h := range c.lru.Keys() { // oldest first
+		n.lru.Add(h, struct{}{})
+	}
+	return &n
 }
 
 // hit returns the tokens of prompt whose prefix blocks are cached (at most prompt-1: the last

@@ -68,6 +68,14 @@ func (m *Model) PrefixHits() (cached, prompt uint64) {
 	return 0, 0
 }
 
+// Clone returns an independent copy of the model, in the same state, that reports to obs (the
+// simulator forks a replay with it). The copy and the original then run apart.
+func (m *Model) Clone(obs Observer) *Model {
+	n := &Model{obs: obs}
+	n.s = m.s.clone(n)
+	return n
+}
+
 // Advance completes the steps that end at or before now and starts the next ones.
 func (m *Model) Advance(now time.Time) (next time.Time, busy bool) { return m.s.advance(now) }
 

@@ -160,6 +160,7 @@ type scheduler struct {
 	maxStreams int // 0: unlimited
 	maxKV      int // 0: unlimited
 	sigma      float64
+	noiseSrc   *rand.PCG // noise's source, kept so that clone can copy its state
 	noise      *rand.Rand
 	trace      tracer
 	events     jobEvents // nil in the HTTP engine
@@ -189,15 +190,52 @@ type scheduler struct {
 
 func newScheduler(p config.Profile, sigma float64, seed int64) *scheduler {
 	s := &scheduler{
-		prefill: p.Prefill,
-		decode:  p.Decode,
-		sigma:   sigma,
-		noise:   rand.New(rand.NewPCG(uint64(seed), 0x6e6f697365)), // "noise"
+		prefill:  p.Prefill,
+		decode:   p.Decode,
+		sigma:    sigma,
+		noiseSrc: rand.NewPCG(uint64(seed), 0x6e6f697365), // "noise"
 	}
+	s.noise = rand.New(s.noiseSrc)
 	if p.Decode != nil {
 		s.maxStreams, s.maxKV = p.Decode.MaxStreams, p.Decode.MaxKVTokens
 	}
 	return s
+}
+
+// clone returns an independent copy of a virtual-time scheduler (no tracer, no handlers): its
+// jobs, queue, batch, noise state and prefix cache copied, each job once wherever it is held.
+func (s *scheduler) clone(events jobEvents) *scheduler {
+	c := *s
+	c.events = events
+	src := *s.noiseSrc
+	c.noiseSrc = &src
+	c.noise = rand.New(c.noiseSrc)
+	jobs := make(map[*job]*job, len(s.queue)+len(s.batch)+1)
+	cp := func(j *job) *job {
+		if j == nil {
+			return nil
+		}
+		if n, ok := jobs[j]; ok {
+			return n
+		}
+		n := &job{id: j.id, prompt: j.prompt, output: j.output, explicit: j.explicit, prefilled: j.prefilled, prefix: j.prefix,
+			state: j.state, generated: j.generated, arrival: j.arrival, batchIdx: j.batchIdx,
+			joinStep: j.joinStep, finishAt: j.finishAt, genAtJoin: j.genAtJoin,
+			firstStep: j.firstStep, secondStep: j.secondStep, lastStep: j.lastStep}
+		jobs[j] = n
+		return n
+	}
+	each := func(js []*job) []*job {
+		out := make([]*job, len(js), cap(js))
+		for i, j := range js {
+			out[i] = cp(j)
+		}
+		return out
+	}
+	c.queue, c.batch, c.finishing, c.fresh = each(s.queue), each(s.batch), each(s.finishing), each(s.fresh)
+	c.prefilling = cp(s.prefilling)
+	c.cache = s.cache.clone()
+	return &c
 }
 
 // submit queues j, arrived at now, and advances the schedule to now.

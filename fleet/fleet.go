@@ -7,7 +7,9 @@ package fleet
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -82,6 +84,14 @@ func New(cfg *config.Config, now time.Time) (*Fleet, error) {
 		})
 	}
 	return f, nil
+}
+
+// Clone returns an independent copy of the fleet in the same state and version, with no
+// observers or subscribers (the simulator forks a replay with it).
+func (f *Fleet) Clone() *Fleet {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return &Fleet{version: f.version, engines: slices.Clone(f.engines), index: maps.Clone(f.index), subs: map[chan struct{}]struct{}{}}
 }
 
 // Version is the current version; every change (one call that changed something) increases

@@ -28,6 +28,7 @@ func (h *holders) add(e int16) {
 // stands for the whole prefix up to block i.
 type affinity struct {
 	lru   *simplelru.LRU[uint64, holders]
+	size  int // the LRU's size
 	block int // tokens per block
 	// matched[e] is scratch for match: the number of leading blocks engine e holds.
 	matched []int32
@@ -42,7 +43,21 @@ func newAffinity(entries, blockTokens, engines int) *affinity {
 	if err != nil {
 		return nil
 	}
-	return &affinity{lru: lru, block: blockTokens, matched: make([]int32, engines)}
+	return &affinity{lru: lru, size: entries, block: blockTokens, matched: make([]int32, engines)}
+}
+
+// clone copies the index, its blocks in the same recency order (nil stays nil).
+func (a *affinity) clone() *affinity {
+	if a == nil {
+		return nil
+	}
+	n := &affinity{size: a.size, block: a.block, matched: make([]int32, len(a.matched))}
+	n.lru, _ = simplelru.NewLRU[uint64, holders](a.size, nil)
+	keys, values := a.lru.Keys(), a.lru.Values() // oldest first
+	for i, k := range keys {
+		n.lru.Add(k, values[i])
+	}
+	return n
 }
 
 // match fills a.matched with each engine's cached leading blocks of prefix and returns the

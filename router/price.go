@@ -2,6 +2,7 @@ package router
 
 import (
 	"math"
+	"slices"
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
@@ -426,4 +427,18 @@ func (r *Router) Fork(dst *Router) *Router {
 	dst.aff, dst.outbox, dst.ejections, dst.urgent = nil, nil, nil, false
 	dst.pricing = keep.pricing
 	return dst
+}
+
+// Clone returns a whole, independent copy of the router in the same state: unlike a Fork,
+// every call works on it, and it and the original then run apart (the simulator forks a
+// replay with it: oracle:greedy, docs/sim.md). Profiles, the config and prefix hashes, which
+// nothing changes, are shared.
+func (r *Router) Clone() *Router {
+	c := r.Fork(nil)
+	c.free = slices.Clone(r.free)
+	c.inFlight = ring{buf: slices.Clone(r.inFlight.buf), head: r.inFlight.head, size: r.inFlight.size}
+	c.unary = minHeap{keys: slices.Clone(r.unary.keys), ids: slices.Clone(r.unary.ids)}
+	c.aff = r.aff.clone()
+	c.outbox, c.ejections, c.urgent = slices.Clone(r.outbox), slices.Clone(r.ejections), r.urgent
+	return c
 }

@@ -15,19 +15,19 @@ import (
 // PolicyKind is how a replay's roles move.
 type PolicyKind uint8
 
-// Policy kinds. StaticBest and OracleWindow are not replays of their own: they are read off
-// the static runs of every split.
+// Policy kinds. StaticBest is not a replay of its own: it is read off the static runs of
+// every split.
 const (
 	PolicyNarwhal      PolicyKind = iota + 1 // the controller, as serve runs it
 	PolicyStatic                             // fixed roles: the config's, or Prefill prefill engines
 	PolicyThreshold                          // the threshold planner baseline
 	PolicyStaticBest                         // the best static split, chosen after the fact
-	PolicyOracleWindow                       // per window, the best static split's attainment
+	PolicyOracleGreedy                       // per window, the best split of a forked world, carried on
 )
 
 // Policy is one column of a replay's report.
 type Policy struct {
-	Name    string // as given: narwhal, static, static:P, static:best, threshold, oracle:window
+	Name    string // as given: narwhal, static, static:P, static:best, threshold, oracle:greedy
 	Kind    PolicyKind
 	Prefill int // static:P: the first P engines of the config prefill, the rest decode (-1: the config's roles)
 }
@@ -47,8 +47,8 @@ func ParsePolicies(list string, engines int) ([]Policy, error) {
 			p.Kind = PolicyStaticBest
 		case name == "threshold":
 			p.Kind = PolicyThreshold
-		case name == "oracle:window":
-			p.Kind = PolicyOracleWindow
+		case name == "oracle:greedy":
+			p.Kind = PolicyOracleGreedy
 		case strings.HasPrefix(name, "static:"):
 			n, err := strconv.Atoi(strings.TrimPrefix(name, "static:"))
 			if err != nil || n < 1 || n >= engines {
@@ -56,7 +56,7 @@ func ParsePolicies(list string, engines int) ([]Policy, error) {
 			}
 			p.Kind, p.Prefill = PolicyStatic, n
 		default:
-			return nil, fmt.Errorf("policy %q: want narwhal, static, static:P, static:best, threshold or oracle:window", name)
+			return nil, fmt.Errorf("policy %q: want narwhal, static, static:P, static:best, threshold or oracle:greedy", name)
 		}
 		if slices.ContainsFunc(out, func(q Policy) bool { return q.Name == p.Name }) {
 			return nil, fmt.Errorf("policy %q given twice", name)
@@ -67,7 +67,7 @@ func ParsePolicies(list string, engines int) ([]Policy, error) {
 }
 
 // replays are the replays a list of policies needs: each narwhal, static and threshold policy,
-// and every static split once when static:best or oracle:window asks for them.
+// and every static split once when static:best asks for them.
 func replays(ps []Policy, engines int) []Policy {
 	var out []Policy
 	add := func(p Policy) {
@@ -77,7 +77,7 @@ func replays(ps []Policy, engines int) []Policy {
 	}
 	for _, p := range ps {
 		switch p.Kind {
-		case PolicyStaticBest, PolicyOracleWindow:
+		case PolicyStaticBest:
 			for n := 1; n < engines; n++ {
 				add(Policy{Name: "static:" + strconv.Itoa(n), Kind: PolicyStatic, Prefill: n})
 			}

@@ -20,7 +20,7 @@ import (
 type Options struct {
 	Policies []Policy
 	Seed     int64
-	// WindowS is the width of the report's time windows (oracle:window, the plot), seconds.
+	// WindowS is the width of the report's time windows (oracle:greedy's, the plot), seconds.
 	WindowS float64
 	// DurationS cuts the trace's arrivals at this many seconds (0: the whole trace).
 	DurationS float64
@@ -159,7 +159,12 @@ func Simulate(cfg *config.Config, reqs []Request, o Options) (*Report, error) {
 			if o.Progress != nil {
 				progress = func(t float64) { o.Progress(p.Name, t) }
 			}
-			if err := s.loop(progress); err != nil {
+			if p.Kind == PolicyOracleGreedy {
+				s, err = greedy(s, o.WindowS, progress)
+			} else {
+				err = s.loop(progress)
+			}
+			if err != nil {
 				errs[k] = err
 				return
 			}
@@ -180,8 +185,6 @@ func Simulate(cfg *config.Config, reqs []Request, o Options) (*Report, error) {
 		switch p.Kind {
 		case PolicyStaticBest:
 			pr = rep.staticBest(cfg)
-		case PolicyOracleWindow:
-			pr = rep.oracle(cfg)
 		default:
 			var err error
 			if pr, err = rep.summary(cfg, p.Name); err != nil {
@@ -218,34 +221,7 @@ func (rep *Report) staticBest(cfg *config.Config) PolicyReport {
 	return best
 }
 
-// oracle is oracle:window: in each window, the attainment of the static split best in that
-// window — an instant, free, all-knowing role controller.
-func (rep *Report) oracle(cfg *config.Config) PolicyReport {
-	var wins [][]Window
-	for _, name := range rep.statics(cfg) {
-		pr, _ := rep.summary(cfg, name)
-		wins = append(wins, pr.Windows)
-	}
-	pr := PolicyReport{Requests: rep.Requests}
-	met := 0
-	for w := range wins[0] {
-		best := 0
-		for k := range wins {
-			if wins[k][w].Met > wins[best][w].Met {
-				best = k
-			}
-		}
-		win := wins[best][w]
-		met += win.Met
-		pr.Windows = append(pr.Windows, win)
-	}
-	pr.SLOAttainment = float64(met) / float64(rep.Requests)
-	pr.GoodputRPS = float64(met) / math.Max(rep.SpanS, 1)
-	return pr
-}
-
-// summary is a replay's figures, computed once (static:best and oracle:window read every static
-// replay's).
+// summary is a replay's figures, computed once (static:best reads every static replay's).
 func (rep *Report) summary(cfg *config.Config, name string) (PolicyReport, error) {
 	if pr, ok := rep.sums[name]; ok {
 		return pr, nil

@@ -207,18 +207,30 @@ const stuckAfter = 10_000_000
 
 // loop replays the trace to the end of its drain.
 func (s *run) loop(progress func(t float64)) error {
+	_, err := s.runUntil(time.Time{}, progress)
+	return err
+}
+
+// runUntil replays the events before until (the zero time: no bound) and reports whether the
+// replay is over: the drain's end passed, or nothing is left to happen. It leaves the replay at
+// until when it stops there, so that a change made next happens at that time.
+func (s *run) runUntil(until time.Time, progress func(t float64)) (over bool, err error) {
 	stop := s.end.Add(DrainS * time.Second)
-	lastProgress := 0.0
+	lastProgress := s.now.Sub(Epoch).Seconds()
 	same := 0
 	for {
 		at, kind := s.nextEvent()
 		if at.After(stop) || kind < 0 {
-			break
+			return true, nil
+		}
+		if !until.IsZero() && !at.Before(until) {
+			s.now = until
+			return false, nil
 		}
 		if same++; !at.Equal(s.now) {
 			same = 0
 		} else if same > stuckAfter {
-			return fmt.Errorf("sim %s: stuck at %.6f s virtual: event kind %d does not advance", s.policy.Name, at.Sub(Epoch).Seconds(), kind)
+			return true, fmt.Errorf("sim %s: stuck at %.6f s virtual: event kind %d does not advance", s.policy.Name, at.Sub(Epoch).Seconds(), kind)
 		}
 		if kind == evArrival && at.After(s.end) {
 			s.next = len(s.reqs)
@@ -254,10 +266,9 @@ func (s *run) loop(progress func(t float64)) error {
 			progress(lastProgress)
 		}
 		if s.next >= len(s.reqs) && s.idle() {
-			break
+			return true, nil
 		}
 	}
-	return nil
 }
 
 // idle reports that nothing is left to happen but the controller's own passes.

@@ -34,7 +34,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	policies, err := sim.ParsePolicies("narwhal,threshold,static,static:best,oracle:window", len(cfg.Engines))
+	policies, err := sim.ParsePolicies("narwhal,threshold,static,static:best,oracle:greedy", len(cfg.Engines))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -1,0 +1,173 @@
+package sim
+
+import (
+	"bytes"
+	"cmp"
+	"maps"
+	"runtime"
+	"slices"
+	"sync"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/fleet"
+)
+
+// fork returns an independent copy of a replay in the same state: engines with their residents,
+// queues and caches, the router with its waiting set and corrections, the fleet, the health
+// core, pending events and every request's outcome so far. The copy and the original then run
+// apart. Only replays without a controller or planner fork (oracle:greedy's).
+func (s *run) fork() *run {
+	if s.c != nil || s.planner != nil {
+		panic("sim: only a replay without a controller or planner forks")
+	}
+	n := new(run)
+	*n = *s // what is shared: the config, the trace, engine indices; the rest is copied below
+	n.f, n.r, n.health = s.f.Clone(), s.r.Clone(), s.health.Clone()
+	n.logBuf = bytes.Buffer{}
+	n.log = controller.NewLog(&n.logBuf, Epoch, n.cfg, n.f.Snapshot())
+	n.f.OnChange(n.fleetEvent)
+	n.engines = make([]*simEngine, len(s.engines))
+	for i, e := range s.engines {
+		ne := &simEngine{id: e.id, idx: e.idx, up: e.up, next: e.next, ver: e.ver, prof: e.prof, owner: n}
+		ne.m = e.m.Clone(ne)
+		n.engines[i] = ne
+	}
+	n.events = eventHeap{items: slices.Clone(s.events.items), seq: s.events.seq}
+	n.handles = maps.Clone(s.handles)
+	n.ready = nil
+	n.out = slices.Clone(s.out)
+	n.moves = slices.Clone(s.moves)
+	n.faults = slices.Clone(s.faults)
+	return n
+}
+
+// greedy replays oracle:greedy (docs/sim.md): at every window boundary it forks the whole
+// replay once per split 1…N−1 of the live engines, sets the split on each fork (the moves free
+// and instant; residents stay where they are, as in a real move), runs each through the window,
+// and goes on from the fork that ends the window with the fewest misses: requests that missed
+// the SLO for certain by then (turned away, failed, a late first token, a slow stream that
+// finished) plus every request still waiting for a prefill engine, so that a backlog handed to
+// the next window counts against the split that left it. Ties keep the split nearest the
+// current one. A bound on what role control can reach, in practice: it knows the window's
+// traffic, moves for free and at once, and carries every consequence forward.
+func greedy(s *run, windowS float64, progress func(t float64)) (*run, error) {
+	window := config.Seconds(windowS)
+	par := max(1, runtime.GOMAXPROCS(0))
+	for at := Epoch; ; at = at.Add(window) {
+		next := at.Add(window)
+		live := s.liveSplit()
+		type trial struct {
+			prefill int
+			r       *run
+			over    bool
+			misses  int
+			err     error
+		}
+		var trials []*trial
+		if n := len(live.prefill) + len(live.decode); n >= 2 {
+			for p := 1; p < n; p++ {
+				trials = append(trials, &trial{prefill: p})
+			}
+		} else {
+			trials = append(trials, &trial{prefill: len(live.prefill)})
+		}
+		sem := make(chan struct{}, par)
+		var wg sync.WaitGroup
+		for _, tr := range trials {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				f := s.fork()
+				f.setSplit(tr.prefill)
+				tr.over, tr.err = f.runUntil(next, nil)
+				tr.r, tr.misses = f, f.misses()
+			}()
+		}
+		wg.Wait()
+		best := slices.MinFunc(trials, func(a, b *trial) int {
+			if c := cmp.Compare(a.misses, b.misses); c != 0 {
+				return c
+			}
+			return cmp.Compare(abs(a.prefill-len(live.prefill)), abs(b.prefill-len(live.prefill)))
+		})
+		if best.err != nil {
+			return nil, best.err
+		}
+		s = best.r
+		if progress != nil {
+			progress(next.Sub(Epoch).Seconds())
+		}
+		if best.over {
+			return s, nil
+		}
+	}
+}
+
+func abs(x int) int { return max(x, -x) }
+
+// pools are the live engines of each role, by id.
+type pools struct{ prefill, decode []string }
+
+func (s *run) liveSplit() pools {
+	var p pools
+	for _, e := range s.f.Snapshot().Engines {
+		switch {
+		case !e.Live():
+		case e.Role == fleet.Prefill:
+			p.prefill = append(p.prefill, e.ID)
+		default:
+			p.decode = append(p.decode, e.ID)
+		}
+	}
+	return p
+}
+
+// setSplit moves live engines until prefill of them are prefill engines: the decode engines
+// holding the fewest requests, or the prefill engines holding the fewest, then by id.
+func (s *run) setSplit(prefill int) {
+	live := s.liveSplit()
+	from, to, n := live.decode, fleet.Prefill, prefill-len(live.prefill)
+	if n < 0 {
+		from, to, n = live.prefill, fleet.Decode, -n
+	}
+	slices.SortStableFunc(from, func(a, b string) int {
+		return cmp.Compare(s.engines[s.byID[a]].m.Residents(), s.engines[s.byID[b]].m.Residents())
+	})
+	moved := false
+	for _, id := range from[:min(n, len(from))] {
+		if _, err := s.f.SetRole(id, to, s.now, "oracle:greedy"); err == nil {
+			moved = true
+		}
+	}
+	if moved {
+		s.syncFleet()
+		s.settle()
+	}
+}
+
+// misses counts the requests that arrived by now and missed the SLO for certain, or still wait
+// for a prefill engine.
+func (s *run) misses() int {
+	slo := s.cfg.SLO
+	n := 0
+	for i := 0; i < s.next; i++ {
+		o := &s.out[i]
+		switch {
+		case o.arrival.IsZero(): // skipped: it came after the replay's end
+		case o.rejected, o.failed:
+			n++
+		case o.left.IsZero(): // waiting
+			n++
+		case !o.first.IsZero() && o.first.Sub(o.arrival).Seconds() > slo.TTFTS:
+			n++
+		case o.first.IsZero() && s.now.Sub(o.arrival).Seconds() > slo.TTFTS:
+			n++
+		case !o.done.IsZero() && o.generated > 1 && o.done.Sub(o.first).Seconds()/float64(o.generated-1) > slo.TPOTS:
+			n++
+		}
+	}
+	return n
+}
