@@ -9,7 +9,7 @@ LDFLAGS     := -s -w -X main.version=$(VERSION)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 TEST_FLAGS  ?= -race -count=1 -timeout=30m
 
-.PHONY: all build run test lint fmt vet staticcheck browser screenshot bench bench-sim bench-ha bench-profile fuzz check-long clean
+.PHONY: all build run test lint fmt vet staticcheck browser screenshot bench bench-sim bench-control bench-ha bench-profile fuzz check-long clean
 
 all: build
 
@@ -71,6 +71,11 @@ check-long:
 # shared trace and synthetic kind on 8 engines, every policy side by side (about 15 minutes).
 bench-sim:
 	$(GO) run ./scripts/benchsim -root .
+
+# The controller scorecard of docs/benchmarks.md: every row under narwhal, static, static:best,
+# threshold and oracle:greedy on 8 engines at the defaults, each target checked (≤ 10 minutes).
+bench-control:
+	$(GO) run ./scripts/benchcontrol -root .
 
 # Takeover figures of docs/benchmarks.md: 20 kills and 20 SIGTERMs of the leader on a real etcd.
 bench-ha:

@@ -45,11 +45,13 @@ func (s *run) fork() *run {
 // greedy replays oracle:greedy (docs/sim.md): at every window boundary it forks the whole
 // replay once per split 1…N−1 of the live engines, sets the split on each fork (the moves free
 // and instant; residents stay where they are, as in a real move), runs each through the window,
-// and goes on from the fork that ends the window with the fewest misses: requests that missed
-// the SLO for certain by then (turned away, failed, a late first token, a slow stream that
-// finished) plus every request still waiting for a prefill engine, so that a backlog handed to
-// the next window counts against the split that left it. Ties keep the split nearest the
-// current one. A bound on what role control can reach, in practice: it knows the window's
+// and goes on from the fork whose window did best: judged a window later with its split kept (a
+// second fork, thrown away), the fewest of the requests that arrived by the window's end that
+// missed the SLO for certain by then (turned away, failed, a late first token, a slow stream that
+// finished) or still wait for a prefill engine — so a backlog or a crowded decode pool handed to
+// the next window counts against the split that left it. Ties (under overload every split may
+// miss every such request) go to the smaller backlog then — requests admitted and without a
+// first token — and then to the split nearest the current one. A bound on what role control can reach, in practice: it knows the window's
 // traffic, moves for free and at once, and carries every consequence forward.
 func greedy(s *run, windowS float64, progress func(t float64)) (*run, error) {
 	window := config.Seconds(windowS)
@@ -62,6 +64,7 @@ func greedy(s *run, windowS float64, progress func(t float64)) (*run, error) {
 			r       *run
 			over    bool
 			misses  int
+			backlog int
 			err     error
 		}
 		var trials []*trial
@@ -82,13 +85,24 @@ func greedy(s *run, windowS float64, progress func(t float64)) (*run, error) {
 				defer func() { <-sem }()
 				f := s.fork()
 				f.setSplit(tr.prefill)
-				tr.over, tr.err = f.runUntil(next, nil)
-				tr.r, tr.misses = f, f.misses()
+				if tr.over, tr.err = f.runUntil(next, nil); tr.err != nil {
+					return
+				}
+				tr.r = f
+				// Judged a window later, the split kept: what the window left behind (streams
+				// slowed by a crowded decode pool, a backlog) shows up then.
+				look := f.fork()
+				if _, tr.err = look.runUntil(next.Add(window), nil); tr.err == nil {
+					tr.misses, tr.backlog = look.misses(f.next), look.backlog()
+				}
 			}()
 		}
 		wg.Wait()
 		best := slices.MinFunc(trials, func(a, b *trial) int {
 			if c := cmp.Compare(a.misses, b.misses); c != 0 {
+				return c
+			}
+			if c := cmp.Compare(a.backlog, b.backlog); c != 0 {
 				return c
 			}
 			return cmp.Compare(abs(a.prefill-len(live.prefill)), abs(b.prefill-len(live.prefill)))
@@ -148,24 +162,35 @@ func (s *run) setSplit(prefill int) {
 	}
 }
 
-// misses counts the requests that arrived by now and missed the SLO for certain, or still wait
-// for a prefill engine.
-func (s *run) misses() int {
+// misses counts the first n requests of the trace that missed the SLO for certain by now, or
+// still wait for a prefill engine.
+func (s *run) misses(n int) int {
 	slo := s.cfg.SLO
-	n := 0
-	for i := 0; i < s.next; i++ {
+	missed := 0
+	for i := 0; i < min(n, s.next); i++ {
 		o := &s.out[i]
 		switch {
 		case o.arrival.IsZero(): // skipped: it came after the replay's end
 		case o.rejected, o.failed:
-			n++
+			missed++
 		case o.left.IsZero(): // waiting
-			n++
+			missed++
 		case !o.first.IsZero() && o.first.Sub(o.arrival).Seconds() > slo.TTFTS:
-			n++
+			missed++
 		case o.first.IsZero() && s.now.Sub(o.arrival).Seconds() > slo.TTFTS:
-			n++
+			missed++
 		case !o.done.IsZero() && o.generated > 1 && o.done.Sub(o.first).Seconds()/float64(o.generated-1) > slo.TPOTS:
+			missed++
+		}
+	}
+	return missed
+}
+
+// backlog counts the requests admitted and without a first token yet.
+func (s *run) backlog() int {
+	n := 0
+	for i := 0; i < s.next; i++ {
+		if o := &s.out[i]; !o.arrival.IsZero() && !o.rejected && !o.failed && o.first.IsZero() {
 			n++
 		}
 	}

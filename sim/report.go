@@ -325,6 +325,28 @@ func (rep *Report) summarize(cfg *config.Config, name string, s *run) (PolicyRep
 	return pr, nil
 }
 
+// RoleChange is one engine's role change in a replay.
+type RoleChange struct {
+	AtS    float64
+	Engine string
+	To     string
+	// Reversal: its direction is the opposite of the fleet's previous role change.
+	Reversal bool
+}
+
+// RoleChanges lists a replayed policy's role changes in time order (nil for static:best).
+func (rep *Report) RoleChanges(policy string) []RoleChange {
+	s := rep.runs[policy]
+	if s == nil {
+		return nil
+	}
+	out := make([]RoleChange, len(s.moves))
+	for i, m := range s.moves {
+		out[i] = RoleChange{AtS: m.at.Sub(Epoch).Seconds(), Engine: m.engine, To: m.to.String(), Reversal: i > 0 && m.to != s.moves[i-1].to}
+	}
+	return out
+}
+
 // initialSplit is a replay's split at its start.
 func initialSplit(s *run) (p, d int) {
 	for _, e := range s.cfg.Engines {

@@ -177,8 +177,8 @@ func TestForkRunsApart(t *testing.T) {
 		if err := b.loop(nil); err != nil {
 			t.Fatal(err)
 		}
-		if b.misses() == 0 || len(b.moves) < 2 {
-			t.Fatalf("the fork at %v s: %d misses, %d moves: not a changed world", at, b.misses(), len(b.moves))
+		if b.misses(len(b.out)) == 0 || len(b.moves) < 2 {
+			t.Fatalf("the fork at %v s: %d misses, %d moves: not a changed world", at, b.misses(len(b.out)), len(b.moves))
 		}
 	}
 	if err := a.loop(nil); err != nil {

@@ -12,7 +12,7 @@ import (
 // output lengths fitted to the Azure conversation trace's medians and means) unless the kind
 // says otherwise. Zero fields take the defaults of DefaultSynthetic.
 type Synthetic struct {
-	Kind      string  // onoff, step, longprompt, diurnal, phases
+	Kind      string  // onoff, step, longprompt, diurnal, phases, daynight
 	RatePerS  float64 // the base arrival rate
 	DurationS float64
 	Seed      int64
@@ -24,12 +24,12 @@ type Synthetic struct {
 	// longprompt: every StormEveryS a storm of StormLenS adds StormRatePerS requests/s with
 	// 8k–16k-token prompts over the chat load.
 	StormEveryS, StormLenS, StormRatePerS float64
-	PeriodS                               float64 // diurnal: the sine's period (its amplitude is 0.8 × the base rate)
+	PeriodS                               float64 // diurnal: the sine's period (its amplitude is 0.8 × the base rate); daynight: a day and a night
 	PhaseS                                float64 // phases: the length of each of the three phases
 }
 
 // SyntheticKinds are the kinds Generate knows.
-var SyntheticKinds = []string{"onoff", "step", "longprompt", "diurnal", "phases"}
+var SyntheticKinds = []string{"onoff", "step", "longprompt", "diurnal", "phases", "daynight"}
 
 // DefaultSynthetic is the workload of a kind with every parameter at its default.
 func DefaultSynthetic(kind string) Synthetic {
@@ -110,6 +110,30 @@ func (s Synthetic) Generate() ([]Request, []Change, error) {
 		for at := s.PhaseS; at < s.DurationS; at += s.PhaseS {
 			dir := "to_prefill"
 			if int(at/s.PhaseS)%2 == 0 {
+				dir = "to_decode"
+			}
+			changes = append(changes, Change{AtS: at, Direction: dir})
+		}
+	case "daynight":
+		// Days of chat at the base rate, nights of long-document work: 8k–16k-token prompts with
+		// short answers at a tenth of the rate (about as many prompt tokens per second, a tenth of
+		// the output), each half a period.
+		night := func(t float64) bool { return math.Mod(t, s.PeriodS) >= s.PeriodS/2 }
+		rate = func(t float64) float64 {
+			if night(t) {
+				return s.RatePerS / 10
+			}
+			return s.RatePerS
+		}
+		mix = func(t float64) (int, int) {
+			if night(t) {
+				return 8192 + rng.IntN(8193), clampInt(lognormal(rng, 60, 0.5), 1, 400)
+			}
+			return chatPrompt(rng), chatOutput(rng)
+		}
+		for at := s.PeriodS / 2; at < s.DurationS; at += s.PeriodS / 2 {
+			dir := "to_prefill"
+			if math.Mod(at, s.PeriodS) < s.PeriodS/4 {
 				dir = "to_decode"
 			}
 			changes = append(changes, Change{AtS: at, Direction: dir})

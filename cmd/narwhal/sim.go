@@ -126,7 +126,7 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 	f.Int64Var(&seed, "seed", 1, "seed of the simulated engines' noise")
 	f.IntVar(&parallel, "parallel", 0, "replays run at once (0: all)")
 	d := sim.DefaultSynthetic("")
-	f.StringVar(&syn.Kind, "synthetic", "", "replay a seeded synthetic workload instead of a trace: onoff, step, longprompt, diurnal or phases")
+	f.StringVar(&syn.Kind, "synthetic", "", "replay a seeded synthetic workload instead of a trace: onoff, step, longprompt, diurnal, phases or daynight")
 	f.Float64Var(&syn.RatePerS, "synthetic-rate", d.RatePerS, "synthetic: the base arrival rate, requests/s")
 	f.Float64Var(&syn.DurationS, "synthetic-duration-s", d.DurationS, "synthetic: the workload's length, seconds")
 	f.Float64Var(&syn.OnS, "on-s", d.OnS, "onoff: the length of a burst, seconds")
@@ -137,7 +137,7 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 	f.Float64Var(&syn.StormEveryS, "storm-every-s", d.StormEveryS, "longprompt: a storm of long prompts every N seconds")
 	f.Float64Var(&syn.StormLenS, "storm-len-s", d.StormLenS, "longprompt: the length of a storm, seconds")
 	f.Float64Var(&syn.StormRatePerS, "storm-rate", d.StormRatePerS, "longprompt: the storm's extra 8k-16k-token requests/s")
-	f.Float64Var(&syn.PeriodS, "period-s", d.PeriodS, "diurnal: the period of the rate's sine, seconds")
+	f.Float64Var(&syn.PeriodS, "period-s", d.PeriodS, "diurnal: the period of the rate's sine; daynight: a day of chat and a night of long documents, seconds")
 	f.Float64Var(&syn.PhaseS, "phase-s", d.PhaseS, "phases: the length of each phase (decode-heavy, prefill-heavy, decode-heavy), seconds")
 	return cmd
 }
