@@ -581,11 +581,21 @@ func (c *Controller) gates(s *state, cand *candidate, p0 router.Pricing, caller 
 		add(GateDecodeStability, cand.price.TPOTRatio <= th.Expand && !timeout,
 			"candidate tpot_ratio %s (expand %g), first-token timeout since the window opened: %t", ratio(cand.price.TPOTRatio), th.Expand, timeout)
 	}
+	// The trend: decode demand is not rising, or the candidate's decode pool carries the rise
+	// continued for one more short horizon within expand (docs/role-control.md, section 2).
 	dem := s.snap.Demand
-	add(GateConsolidationTrend, dem.Short.OutputTokensPerS <= dem.Long.OutputTokensPerS*(1+th.TrendTolerance),
-		"short output %.1f tok/s, long %.1f tok/s, tolerance %g", dem.Short.OutputTokensPerS, dem.Long.OutputTokensPerS, th.TrendTolerance)
-	add(GateDecodeCapacity, !math.IsInf(cand.price.TPOTRatio, 1),
-		"the %d remaining decode engines must carry every stream within capacity: candidate tpot_ratio %s", d, ratio(cand.price.TPOTRatio))
+	short, long := dem.Short.OutputTokensPerS, dem.Long.OutputTokensPerS
+	trend := short <= long*(1+th.TrendTolerance)
+	detail := fmt.Sprintf("short output %.1f tok/s, long %.1f tok/s, tolerance %g", short, long, th.TrendTolerance)
+	if !trend && dem.Priced.OutputTokensPerS > 0 {
+		raised := short + max(0, short-long)
+		ps, _ := s.view.Price(s.now, router.Query{Splits: []router.Split{cand.split}, StepS: c.cfg.Reactive.StepS, OutputScale: raised / dem.Priced.OutputTokensPerS})
+		trend = ps[0].TPOTRatio <= th.Expand
+		detail += fmt.Sprintf("; rising, and with output demand raised to %.1f tok/s the candidate's tpot_ratio is %s (expand %g)", raised, ratio(ps[0].TPOTRatio), th.Expand)
+	}
+	add(GateConsolidationTrend, trend, "%s", detail)
+	add(GateDecodeCapacity, cand.price.TPOTRatio <= th.Expand,
+		"the %d remaining decode engines must carry every stream within capacity and the TPOT SLO: candidate tpot_ratio %s (expand %g)", d, ratio(cand.price.TPOTRatio), th.Expand)
 	add(GateFlipResidentGuard, l.DecodeResidents <= th.FlipResidentGuard,
 		"%s decodes %d streams, guard %d", e.ID, l.DecodeResidents, th.FlipResidentGuard)
 	return gs
@@ -632,12 +642,15 @@ func (c *Controller) coverage(s *state, cand *candidate, l *router.EngineLoad, a
 		add(GateProfileCoverage, false, "%s: profile %s has no decode curve", e.ID, e.Profile)
 		return
 	}
-	streams := s.snap.Retained.Decoding + s.snap.Retained.Prefilling + s.snap.Retained.Waiting
-	per := float64(streams) / float64(len(cand.split.Decode))
+	// The streams per decode engine after the move may lie outside the profiled range only as
+	// far as the current split's already do: a move that brings an overloaded pool back toward
+	// its profiled range is never blocked by coverage (docs/role-control.md, section 4).
+	streams := float64(s.snap.Retained.Decoding + s.snap.Retained.Prefilling + s.snap.Retained.Waiting)
+	per, now := streams/float64(len(cand.split.Decode)), streams/float64(max(len(s.cur.Decode), 1))
 	n := l.Correction.DecodeSamples
-	ok := per <= float64(prof.Decode.MaxStreams) && (n == 0 || n >= minSamples)
-	add(GateProfileCoverage, ok, "%s: %.1f streams per decode engine after the move (profiled to %d), decode correction from %d samples (min %d)",
-		e.ID, per, prof.Decode.MaxStreams, n, minSamples)
+	ok := (per <= float64(prof.Decode.MaxStreams) || per <= now) && (n == 0 || n >= minSamples)
+	add(GateProfileCoverage, ok, "%s: %.1f streams per decode engine after the move, %.1f now (profiled to %d), decode correction from %d samples (min %d)",
+		e.ID, per, now, prof.Decode.MaxStreams, n, minSamples)
 }
 
 func priced(s router.Split, p router.Pricing, current bool, move string) Priced {

@@ -15,7 +15,9 @@ type Split struct {
 }
 
 // Pricing is a candidate split priced through the FIFO completion projection
-// (docs/role-control.md section 3). Ratios above an engine's stream capacity are +Inf.
+// (docs/role-control.md section 3). Ratios above an engine's stream capacity are +Inf. The
+// TTFT ratio is over the waiting requests that are not settled, the injected demand and the
+// probe.
 type Pricing struct {
 	TTFTRatio float64 // largest projected TTFT (waiting set and the probe) / slo.ttft_s
 	TPOTRatio float64 // largest projected seconds per output token / slo.tpot_s
@@ -29,6 +31,9 @@ type Pricing struct {
 	// prefill alone on the fastest prefill engine of the split. Both are zero when the query
 	// names no waiting request.
 	RequestTTFT, RequestPrefill float64
+	// Settled counts the waiting requests projected the same under every split of the query
+	// (with two splits or more): worst leaves them out (docs/role-control.md, section 3).
+	Settled int
 }
 
 // Query is what one Price call prices: its splits together, in one walk of the waiting set
@@ -39,6 +44,10 @@ type Query struct {
 	Splits  []Split
 	StepS   float64
 	Request Handle
+	// OutputScale, when positive, multiplies the priced demand's output tokens per request
+	// (the consolidation trend prices a rise in output demand continued, docs/role-control.md
+	// section 2).
+	OutputScale float64
 }
 
 // ProbePromptTokens sizes the probe request of Price when no demand has been seen yet (a
@@ -89,16 +98,19 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 	// prefilling) still decoding then.
 	horizon := t + q.StepS
 	ss := r.pricing.load(r, t, horizon, q.Splits)
+	settled := 0
 	for h := range r.waiting.all() {
 		e, _, err := r.lookup(h)
 		if err != nil || e.phase != phaseWaiting {
 			continue
 		}
 		prompt, need := int(e.prompt), e.prompt+e.output
+		lo, hi := math.Inf(1), math.Inf(-1)
 		for k := range ss {
 			sp := &ss[k]
 			ttft := sp.prefill.schedule(prompt, e.arrival) + sp.handoff - e.arrival
-			sp.worstTTFT = max(sp.worstTTFT, ttft)
+			sp.ttft = ttft
+			lo, hi = min(lo, ttft), max(hi, ttft)
 			if e == target {
 				sp.requestTTFT = ttft
 			}
@@ -106,12 +118,26 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 				sp.decode.place(need)
 			}
 		}
+		// A request projected the same under every split priced is settled: it cannot tell
+		// them apart, and as the maximum (the head of a draining backlog) it would hide every
+		// difference between them. worst is taken over the others (docs/role-control.md,
+		// section 3).
+		if len(ss) > 1 && hi-lo <= settledS {
+			settled++
+			continue
+		}
+		for k := range ss {
+			ss[k].worstTTFT = max(ss[k].worstTTFT, ss[k].ttft)
+		}
 	}
 	d := r.demand.estimate(t, r.expectedOutput()).Priced
 	meanPrompt, meanOutput := ProbePromptTokens, 0.0
 	if d.ArrivalsPerS > 0 {
 		meanPrompt = max(1, int(d.PromptTokensPerS/d.ArrivalsPerS))
 		meanOutput = d.OutputTokensPerS / d.ArrivalsPerS
+		if q.OutputScale > 0 {
+			meanOutput *= q.OutputScale
+		}
 	}
 	probeAt := t + q.StepS
 	ps = make([]Pricing, len(ss))
@@ -144,7 +170,7 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 			}
 		}
 		probe := sp.prefill.schedule(meanPrompt, probeAt) + sp.handoff - probeAt
-		p := Pricing{TTFTRatio: max(sp.worstTTFT, probe) / r.slo.TTFTS, TPOTRatio: r.priceDecode(sp) / r.slo.TPOTS, ProbeTTFT: probe}
+		p := Pricing{TTFTRatio: max(sp.worstTTFT, probe) / r.slo.TTFTS, TPOTRatio: r.priceDecode(sp) / r.slo.TPOTS, ProbeTTFT: probe, Settled: settled}
 		p.Worst = max(p.TTFTRatio, p.TPOTRatio)
 		if target != nil {
 			p.RequestTTFT = sp.requestTTFT
@@ -299,7 +325,12 @@ type splitSched struct {
 	prefill                prefillSched
 	decode                 decodeSched
 	worstTTFT, requestTTFT float64
+	ttft                   float64 // the projected TTFT of the waiting request being walked
 }
+
+// settledS is how close (seconds) a waiting request's projected TTFTs under every split of a
+// query must be for it to be settled.
+const settledS = 1e-6
 
 // class is one pricing class: the engines of one curve whose correction factors are within
 // classWidth, in a heap (by free time for prefill, by load for decode).
