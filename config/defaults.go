@@ -26,7 +26,7 @@ func Default() *Config {
 			Reactive: Reactive{
 				StepS:               5,
 				UrgentDelayS:        0.25,
-				EvidenceSpanS:       30,
+				EvidenceSpanS:       5,
 				EvidenceMinArrivals: 50,
 				EvidenceMaxSpanS:    120,
 			},
@@ -34,6 +34,7 @@ func Default() *Config {
 				Expand:            0.9,
 				Shrink:            0.5,
 				ConfirmPasses:     3,
+				MinGain:           0.05,
 				TrendTolerance:    0.1,
 				CooldownS:         60,
 				DwellS:            120,

@@ -655,7 +655,7 @@ func (c *Controller) coverage(s *state, cand *candidate, l *router.EngineLoad, a
 
 func priced(s router.Split, p router.Pricing, current bool, move string) Priced {
 	return Priced{Prefill: len(s.Prefill), Decode: len(s.Decode), TTFTRatio: Ratio(p.TTFTRatio), TPOTRatio: Ratio(p.TPOTRatio),
-		Worst: Ratio(p.Worst), Current: current, Move: move}
+		Worst: Ratio(p.Worst), Current: current, Move: move, Settled: p.Settled}
 }
 
 func ratio(r float64) string {

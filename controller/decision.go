@@ -115,6 +115,9 @@ type Priced struct {
 	Current      bool   `json:"current"`
 	Move         string `json:"move,omitempty"` // the engine this candidate moves
 	RequestTTFTS *Ratio `json:"request_ttft_s,omitempty"`
+	// Settled counts the waiting requests projected the same under every split of the pass,
+	// which ttft_ratio leaves out (docs/role-control.md section 3).
+	Settled int `json:"settled,omitempty"`
 	// Draining marks the split while Move, which switches in place, drains (in neither pool)
 	// for DrainS seconds; InPlaceWorst is the worst the candidate moving it is judged by, that
 	// drain weighed in (docs/role-control.md section 11).
