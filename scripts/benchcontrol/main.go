@@ -10,13 +10,13 @@ import (
 	"fmt"
 	"log"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/scripts/internal/benchdoc"
 	"github.com/narwhal-llm/narwhal/sim"
 )
 
@@ -185,7 +185,7 @@ func main() {
 			}
 			hours := math.Max(rep.SpanS, 1) / 3600
 			fmt.Fprintf(&out, "| %s | %s | %.3f | %s | %s | %s | %.0f | %.1f | %s | %s | %d | %d | %s |\n", r.name, name, p.SLOAttainment, gp,
-				secs(p.TTFTS.P99), secs(p.TPOTS.P99), float64(p.RoleChanges)/hours, p.ReversalsPerHour, cv, ra, p.DamagedRequests, p.GuardViolations, targets)
+				benchdoc.Secs(p.TTFTS.P99), benchdoc.Secs(p.TPOTS.P99), float64(p.RoleChanges)/hours, p.ReversalsPerHour, cv, ra, p.DamagedRequests, p.GuardViolations, targets)
 		}
 		if len(miss) > 0 {
 			missed = append(missed, r.name)
@@ -200,18 +200,7 @@ func main() {
 		fmt.Print(out.String())
 		return
 	}
-	path := filepath.Join(*root, "docs/benchmarks.md")
-	doc, err := os.ReadFile(path)
-	if err != nil {
-		log.Fatal(err)
-	}
-	s := string(doc)
-	i, j := strings.Index(s, begin), strings.Index(s, end)
-	if i < 0 || j < i {
-		log.Fatalf("%s: no %s … %s markers", path, begin, end)
-	}
-	s = s[:i] + out.String() + s[j+len(end)+1:]
-	if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+	if err := benchdoc.Replace(filepath.Join(*root, "docs/benchmarks.md"), begin, end, out.String()); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -333,14 +322,4 @@ func orNone(xs []string) string {
 		return "none"
 	}
 	return strings.Join(xs, ", ")
-}
-
-func secs(v *float64) string {
-	if v == nil {
-		return "—"
-	}
-	if *v < 1 {
-		return fmt.Sprintf("%.0f ms", *v*1000)
-	}
-	return fmt.Sprintf("%.2f s", *v)
 }

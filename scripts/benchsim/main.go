@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/scripts/internal/benchdoc"
 	"github.com/narwhal-llm/narwhal/sim"
 )
 
@@ -132,34 +133,13 @@ func main() {
 				name += " (" + p.Split + ")"
 			}
 			fmt.Fprintf(&out, "| %s | %.2f | %.3f | %s | %s | %s | %d | %.1f | %s | %d | %d |\n", name, sw.PerEngine[p.Policy], p.SLOAttainment,
-				secs(p.TTFTS.P50), secs(p.TTFTS.P99), secs(p.TPOTS.P99), p.RoleChanges, p.ReversalsPerHour, secs(p.TimeToAdaptS), p.DamagedRequests, p.GuardViolations)
+				benchdoc.Secs(p.TTFTS.P50), benchdoc.Secs(p.TTFTS.P99), benchdoc.Secs(p.TPOTS.P99), p.RoleChanges, p.ReversalsPerHour, benchdoc.Secs(p.TimeToAdaptS), p.DamagedRequests, p.GuardViolations)
 		}
 		fmt.Fprintf(&out, "\n(%.0f s wall for the sweep and the replay.)\n\n", time.Since(started).Seconds())
 		log.Printf("%s done in %.0f s", w.name, time.Since(started).Seconds())
 	}
 	fmt.Fprintf(&out, "%s\n", end)
-	path := filepath.Join(*root, "docs/benchmarks.md")
-	doc, err := os.ReadFile(path)
-	if err != nil {
+	if err := benchdoc.Replace(filepath.Join(*root, "docs/benchmarks.md"), begin, end, out.String()); err != nil {
 		log.Fatal(err)
 	}
-	s := string(doc)
-	i, j := strings.Index(s, begin), strings.Index(s, end)
-	if i < 0 || j < i {
-		log.Fatalf("%s: no %s … %s markers", path, begin, end)
-	}
-	s = s[:i] + out.String() + s[j+len(end)+1:]
-	if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
-		log.Fatal(err)
-	}
-}
-
-func secs(v *float64) string {
-	if v == nil {
-		return "—"
-	}
-	if *v < 1 {
-		return fmt.Sprintf("%.0f ms", *v*1000)
-	}
-	return fmt.Sprintf("%.2f s", *v)
 }
