@@ -355,7 +355,7 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 		improves := cand.worst < p0.Worst-th.MinGain
 		var motivated bool
 		if dir == ToPrefill {
-			motivated = conf.PrefillExpand >= n || consolidate && conf.PrefillConsolidate >= n && improves
+			motivated = conf.PrefillExpand >= 1 || consolidate && conf.PrefillConsolidate >= n && improves
 		} else {
 			motivated = conf.DecodeExpand >= n || consolidate && conf.DecodeConsolidate >= n && improves
 		}

@@ -266,7 +266,11 @@ func (p livePreparer) Prepare(engine string) {
 // ends it). A move the fleet refuses (an engine an operator pinned in between) is logged and
 // left out of the record, whose outcome and split say what happened. log may be nil.
 func ApplyDecision(f *fleet.Fleet, p Preparer, d *Decision, now time.Time, log *slog.Logger) {
-	if d.Caller == CallerRegular || d.Caller == CallerUrgent {
+	// A regular pass replaces the preparation (one that prepares nothing ends it); an urgent
+	// evaluation sets it, or ends it with a move, but one that neither prepares nor moves leaves
+	// it alone: it judged only its triggering request, and the urgent wakes between two passes
+	// would otherwise cancel the pass's preparation before its donor could drain.
+	if d.Caller == CallerRegular || d.Caller == CallerUrgent && (d.Prepare != "" || len(d.Moves) > 0) {
 		defer p.Prepare(d.Prepare)
 	}
 	kept := d.Moves[:0]

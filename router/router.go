@@ -142,8 +142,10 @@ type Router struct {
 	counters  Counters
 	demand    demand
 	ejections []Ejection
-	outN      int64 // observed output lengths: count and sum
-	outSum    int64
+	out       outputs // observed output lengths, for the expected output of a request without max_tokens
+	// sumFirstAt is the sum of the first-token times of the decoding streams (their age:
+	// nDecoding·now − sumFirstAt).
+	sumFirstAt float64
 	aff       *affinity
 
 	fallback        int16 // the aggregate fallback engine, or -1
@@ -332,10 +334,39 @@ func (r *Router) reject(c Code, retry int) Outcome {
 // mean of observed output lengths, else router.default_output_tokens (docs/role-control.md
 // section 2). Observations are clamped (Complete), so the mean stays within engine limits.
 func (r *Router) expectedOutput() int64 {
-	if r.outN > 0 {
-		return max(1, r.outSum/r.outN)
+	o := &r.out
+	if o.n <= 0 {
+		return int64(r.cfg.DefaultOutputTokens)
 	}
-	return int64(r.cfg.DefaultOutputTokens)
+	tokens := o.tokens
+	// The streams still decoding are counted too, at the tokens their age is worth (the
+	// observed seconds per token): completions alone are the short outputs first — at the
+	// start of a load, or of a longer mix, the mean of the finished read 130 tokens where the
+	// load's was 210 — and the decode pool was priced as carrying far fewer streams than it
+	// would (docs/role-control.md, section 2).
+	if age := float64(r.nDecoding)*r.now - r.sumFirstAt; age > 0 && o.dur > 0 && o.tokens > 0 {
+		tokens += age / (o.dur / o.tokens) / o.decay(r.now) // the sums are as of o.at
+	}
+	return max(1, int64(tokens/o.n))
+}
+
+// outputs are the observed output lengths, exponentially decayed (half-life outputHalfLifeS) so
+// the estimate follows a changing mix: completions, their output tokens and their decode
+// seconds (first token to the end), as of at.
+type outputs struct {
+	at, n, tokens, dur float64
+}
+
+// outputHalfLifeS is the half-life of the observed output lengths.
+const outputHalfLifeS = 30.0
+
+// decay is the factor that brings the sums from o.at to t (the sums' ratio does not change).
+func (o *outputs) decay(t float64) float64 { return math.Exp2(-(t - o.at) / outputHalfLifeS) }
+
+// add records one completion at t of tokens output tokens decoded over dur seconds.
+func (o *outputs) add(t float64, tokens, dur float64) {
+	f := o.decay(t)
+	o.n, o.tokens, o.dur, o.at = o.n*f+1, o.tokens*f+tokens, o.dur*f+dur, t
 }
 
 func (r *Router) alloc() int32 {
@@ -794,6 +825,7 @@ func (r *Router) endPrefill(t float64, e *entry, observed bool) {
 		p.prefillEnd = max(p.prefillEnd, end)
 	}
 	e.phase, e.firstAt = phaseDecoding, t
+	r.sumFirstAt += t
 	r.engines[e.decode].decoding++
 	r.engines[e.decode].drainOK = false
 	r.nPrefilling--
@@ -845,8 +877,11 @@ func (r *Router) Complete(now time.Time, h Handle, outputTokens int) error {
 	}
 	out := min(int64(max(outputTokens, 0)), max(limit, 1))
 	if out > 0 {
-		r.outN++
-		r.outSum += out
+		dur := 0.0
+		if e.phase == phaseDecoding && !e.nonStream {
+			dur = t - e.firstAt
+		}
+		r.out.add(t, float64(out), dur)
 	}
 	if e.phase == phaseDecoding && !e.timedOut && !e.nonStream && out >= 2 && e.curveStep > 0 {
 		r.correct(&r.engines[e.decode], 1, (t-e.firstAt)/float64(out-1)/e.curveStep)
@@ -963,6 +998,10 @@ func (r *Router) finish(t float64, e *entry, slot int32) {
 	d.kv -= e.kv
 	d.drainOK = false
 	r.nDecoding--
+	r.sumFirstAt -= e.firstAt
+	if r.nDecoding == 0 {
+		r.sumFirstAt = 0 // no rounding left behind
+	}
 	if e.decode == r.fallback && e.seq < r.fallbackSeq && r.fallbackPending > 0 {
 		r.fallbackPending--
 	}
