@@ -26,7 +26,7 @@ func Default() *Config {
 			Reactive: Reactive{
 				StepS:               5,
 				UrgentDelayS:        0.25,
-				EvidenceSpanS:       5,
+				EvidenceSpanS:       2,
 				EvidenceMinArrivals: 50,
 				EvidenceMaxSpanS:    120,
 			},

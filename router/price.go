@@ -200,6 +200,10 @@ func (p *pricing) load(r *Router, t, horizon float64, splits []Split) []splitSch
 		p.splits = append(p.splits, splitSched{})
 	}
 	ss := p.splits[:len(splits)]
+	streams, kvs := 0, int64(0)
+	for i := range r.engines {
+		streams, kvs = streams+r.engines[i].streams, kvs+r.engines[i].kv
+	}
 	for k, s := range splits {
 		sp := &ss[k]
 		sp.worstTTFT, sp.requestTTFT = 0, 0
@@ -215,10 +219,17 @@ func (p *pricing) load(r *Router, t, horizon float64, splits []Split) []splitSch
 		if len(sp.pool) > 0 {
 			kv = r.engines[sp.pool[0]].prof.KVTransferS
 		}
+		// The step a stream of the split's decode pool takes: the streams resident now spread
+		// over the pool (a split with fewer decode engines steps slower, and its streams live
+		// longer, than the engines' load now says).
+		perStreams, perKV := 0, int64(0)
+		if n := len(sp.dec); n > 0 {
+			perStreams, perKV = (streams+n-1)/n, kvs/int64(n)
+		}
 		for _, i := range sp.dec {
 			e := &r.engines[i]
 			sp.decode.add(e.prof.Decode, e.corr[1], p.streams[i], p.kv[i], i)
-			step = min(step, e.stepSeconds(e.streams+1, e.kv))
+			step = min(step, e.stepSeconds(max(e.streams, perStreams)+1, max(e.kv, perKV)))
 		}
 		sp.handoff, sp.step = kv+step, step
 	}

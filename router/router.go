@@ -347,7 +347,7 @@ func (r *Router) expectedOutput() int64 {
 	if age := float64(r.nDecoding)*r.now - r.sumFirstAt; age > 0 && o.dur > 0 && o.tokens > 0 {
 		tokens += age / (o.dur / o.tokens) / o.decay(r.now) // the sums are as of o.at
 	}
-	return max(1, int64(tokens/o.n))
+	return min(max(1, int64(tokens/o.n)), max(r.maxKV, 1)) // no output outgrows the largest engine
 }
 
 // outputs are the observed output lengths, exponentially decayed (half-life outputHalfLifeS) so

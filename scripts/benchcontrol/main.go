@@ -6,6 +6,7 @@
 package main
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"log"
@@ -213,12 +214,15 @@ func rowsOf(root string) []row {
 	if err != nil {
 		log.Fatal(err)
 	}
-	azure = scale(azure, 18.6)
+	// The load without compressing time (compressed 18×, the hour's swings come every few
+	// minutes, a shifting load): copies of the hour superposed, each circularly shifted by an
+	// equal part of it, the first 1,200 s.
+	azure = superpose(azure, azureCopies, 1200)
 	chat := gen(sim.Synthetic{Kind: "step", Factor: 1, RatePerS: 135, DurationS: 1200})
 	for _, start := range []int{2, 4, 6} {
 		split := fmt.Sprintf(" from %dP/%dD", start, 8-start)
 		rows = append(rows,
-			row{name: "azure-2023-conv ×18.6" + split, kind: stationary, reqs: azure, start: start},
+			row{name: fmt.Sprintf("azure-2023-conv ×%d superposed", azureCopies) + split, kind: stationary, reqs: azure, start: start},
 			row{name: "chat 135/s" + split, kind: stationary, reqs: chat.reqs, start: start})
 	}
 	slices.SortStableFunc(rows, func(a, b row) int { return strings.Compare(a.name[:5], b.name[:5]) })
@@ -268,6 +272,28 @@ func scale(reqs []sim.Request, k float64) []sim.Request {
 		q.ArrivalS /= k
 		out[i] = q
 	}
+	return out
+}
+
+// azureCopies is how many shifted copies of the Azure hour make the stationary azure rows.
+const azureCopies = 25
+
+// superpose lays k copies of a trace over its own span, copy c circularly shifted by c/k of
+// it, and keeps the arrivals before cut seconds: the trace's sizes and burstiness at k times
+// its rate, without compressing time.
+func superpose(reqs []sim.Request, k int, cut float64) []sim.Request {
+	span := reqs[len(reqs)-1].ArrivalS + 1
+	var out []sim.Request
+	for c := 0; c < k; c++ {
+		shift := float64(c) * span / float64(k)
+		for _, q := range reqs {
+			q.ArrivalS = math.Round(math.Mod(q.ArrivalS+shift, span)*1000) / 1000
+			if q.ArrivalS < cut {
+				out = append(out, q)
+			}
+		}
+	}
+	slices.SortStableFunc(out, func(a, b sim.Request) int { return cmp.Compare(a.ArrivalS, b.ArrivalS) })
 	return out
 }
 
