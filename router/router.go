@@ -146,7 +146,7 @@ type Router struct {
 	// sumFirstAt is the sum of the first-token times of the decoding streams (their age:
 	// nDecoding·now − sumFirstAt).
 	sumFirstAt float64
-	aff       *affinity
+	aff        *affinity
 
 	fallback        int16 // the aggregate fallback engine, or -1
 	fallbackSeq     uint64
