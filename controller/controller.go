@@ -352,7 +352,7 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 			d.Candidates = append(d.Candidates, tp)
 		}
 		d.Candidates = append(d.Candidates, pc)
-		improves := cand.worst < p0.Worst-th.MinGain
+		improves := lower(cand.worst, cand.price.Overload, p0.Worst, p0.Overload, th.MinGain)
 		var motivated bool
 		if dir == ToPrefill {
 			motivated = conf.PrefillExpand >= 1 || consolidate && conf.PrefillConsolidate >= n && improves
@@ -362,7 +362,7 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 		if motivated {
 			motives = append(motives, dir)
 		}
-		if motivated && improves && (best == nil || cand.worst < best.worst) {
+		if motivated && improves && (best == nil || lower(cand.worst, cand.price.Overload, best.worst, best.price.Overload, 0)) {
 			best = cand
 		}
 	}
@@ -378,11 +378,25 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 	}
 	d.Direction = best.dir
 	d.Reason = fmt.Sprintf("%s: worst %.3f -> %.3f", best.dir, p0.Worst, best.price.Worst)
+	if math.IsInf(p0.Worst, 1) && math.IsInf(best.worst, 1) {
+		d.Reason += fmt.Sprintf(" (decode overload %.3f -> %.3f)", p0.Overload, best.price.Overload)
+	}
 	if best.donor.InPlace {
 		d.Reason += fmt.Sprintf(" (%.3f weighing the drain of %s, which switches in place)", best.worst, best.donor.ID)
 	}
 	d.Gates = c.gates(s, best, p0, CallerRegular)
 	return c.decide(d, best)
+}
+
+// lower reports whether a split priced (worst, overload) prices lower than another by more
+// than gain: on worst, or, when both are +Inf (their decode pools over capacity), on the
+// overload, so that a move that relieves an overloaded pool still ranks (docs/role-control.md,
+// sections 3 and 12).
+func lower(worst, overload, thanWorst, thanOverload, gain float64) bool {
+	if math.IsInf(worst, 1) && math.IsInf(thanWorst, 1) {
+		return overload < thanOverload-gain
+	}
+	return worst < thanWorst-gain
 }
 
 // evaluateUrgent is the coalesced urgent evaluation (docs/role-control.md, section 6).
@@ -655,7 +669,7 @@ func (c *Controller) coverage(s *state, cand *candidate, l *router.EngineLoad, a
 
 func priced(s router.Split, p router.Pricing, current bool, move string) Priced {
 	return Priced{Prefill: len(s.Prefill), Decode: len(s.Decode), TTFTRatio: Ratio(p.TTFTRatio), TPOTRatio: Ratio(p.TPOTRatio),
-		Worst: Ratio(p.Worst), Current: current, Move: move, Settled: p.Settled}
+		Worst: Ratio(p.Worst), Current: current, Move: move, Settled: p.Settled, Overload: Ratio(p.Overload)}
 }
 
 func ratio(r float64) string {

@@ -118,6 +118,9 @@ type Priced struct {
 	// Settled counts the waiting requests projected the same under every split of the pass,
 	// which ttft_ratio leaves out (docs/role-control.md section 3).
 	Settled int `json:"settled,omitempty"`
+	// Overload is the most a decode engine of the split holds against its stream or KV
+	// capacity at the horizon: splits whose worst is +Inf compare on it.
+	Overload Ratio `json:"overload"`
 	// Draining marks the split while Move, which switches in place, drains (in neither pool)
 	// for DrainS seconds; InPlaceWorst is the worst the candidate moving it is judged by, that
 	// drain weighed in (docs/role-control.md section 11).

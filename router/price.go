@@ -34,6 +34,10 @@ type Pricing struct {
 	// Settled counts the waiting requests projected the same under every split of the query
 	// (with two splits or more): worst leaves them out (docs/role-control.md, section 3).
 	Settled int
+	// Overload is the most any decode engine of the split holds at the horizon against its
+	// stream or KV capacity (above 1: over it, and tpot_ratio is +Inf): splits that all
+	// overload their decode pool still rank by how much (docs/role-control.md section 3).
+	Overload float64
 }
 
 // Query is what one Price call prices: its splits together, in one walk of the waiting set
@@ -170,7 +174,8 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 			}
 		}
 		probe := sp.prefill.schedule(meanPrompt, probeAt) + sp.handoff - probeAt
-		p := Pricing{TTFTRatio: max(sp.worstTTFT, probe) / r.slo.TTFTS, TPOTRatio: r.priceDecode(sp) / r.slo.TPOTS, ProbeTTFT: probe, Settled: settled}
+		step, overload := r.priceDecode(sp)
+		p := Pricing{TTFTRatio: max(sp.worstTTFT, probe) / r.slo.TTFTS, TPOTRatio: step / r.slo.TPOTS, ProbeTTFT: probe, Settled: settled, Overload: overload}
 		p.Worst = max(p.TTFTRatio, p.TPOTRatio)
 		if target != nil {
 			p.RequestTTFT = sp.requestTTFT
@@ -248,16 +253,18 @@ func (r *Router) FirstTokenTimeoutAt() (time.Time, bool) {
 // priceDecode is the largest projected decode step over a split whose decode scheduler has
 // placed the waiting requests' streams (each on the engine where it steps fastest): the decode
 // pool's engines, and the prefill pool's engines still holding decode residents.
-func (r *Router) priceDecode(sp *splitSched) float64 {
+func (r *Router) priceDecode(sp *splitSched) (worst, overload float64) {
 	if len(sp.dec) == 0 {
-		return math.Inf(1)
+		return math.Inf(1), math.Inf(1)
 	}
-	worst := 0.0
 	for _, i := range sp.dec {
 		e := &r.engines[i]
 		streams, kv := sp.decode.streams[i], sp.decode.kv[i]
-		if streams > e.prof.Decode.MaxStreams || kv > int64(e.prof.Decode.MaxKVTokens) {
-			return math.Inf(1)
+		d := e.prof.Decode
+		overload = max(overload, float64(streams)/float64(d.MaxStreams), float64(kv)/float64(d.MaxKVTokens))
+		if streams > d.MaxStreams || kv > int64(d.MaxKVTokens) {
+			worst = math.Inf(1)
+			continue
 		}
 		if streams > 0 {
 			worst = max(worst, e.stepSeconds(streams, kv))
@@ -268,7 +275,7 @@ func (r *Router) priceDecode(sp *splitSched) float64 {
 			worst = max(worst, e.stepSeconds(n, r.pricing.kv[i]))
 		}
 	}
-	return worst
+	return worst, overload
 }
 
 // indices appends to dst the indices of engine ids, skipping unknown ones and engines whose
