@@ -664,6 +664,13 @@ func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64) (plan,
 		if c.prefilling >= c.prof.PrefillConcurrency {
 			continue
 		}
+		// An engine just moved to prefill may still hold decode streams whose KV is on its way
+		// (their prefill ran elsewhere): an engine that runs prefill before decode would make
+		// their first token wait behind every prefill placed on it. It takes prefill work once
+		// they have their first token (docs/role-control.md, section 7).
+		if c.streams > c.decoding {
+			continue
+		}
 		dd := c.prefillSeconds(prompt - cached(i))
 		if s := r.prefillFree(t, i); s+dd < done {
 			pl.p, pl.dur, pl.start, done = i, dd, s, s+dd
