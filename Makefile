@@ -9,7 +9,7 @@ LDFLAGS     := -s -w -X main.version=$(VERSION)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 TEST_FLAGS  ?= -race -count=1 -timeout=30m
 
-.PHONY: all build run test lint fmt vet staticcheck browser screenshot bench bench-sim bench-control bench-ha bench-profile fuzz check-long clean
+.PHONY: all build run test lint fmt vet staticcheck browser screenshot bench bench-sim bench-control bench-burst bench-ha bench-profile fuzz check-long clean
 
 all: build
 
@@ -76,6 +76,11 @@ bench-sim:
 # threshold and oracle:greedy on 8 engines at the defaults, each target checked (≤ 10 minutes).
 bench-control:
 	$(GO) run ./scripts/benchcontrol -root .
+
+# A move toward prefill through real engines: the burst's TTFT with the controller advisory and
+# moving (docs/benchmarks.md; times real processes: a quiet machine).
+bench-burst:
+	NARWHAL_REALTIME=1 $(GO) test -count=1 -run='^TestBurstMoveFigures$$' -v ./cmd/narwhal
 
 # Takeover figures of docs/benchmarks.md: 20 kills and 20 SIGTERMs of the leader on a real etcd.
 bench-ha:
