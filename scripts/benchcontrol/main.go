@@ -26,7 +26,7 @@ const (
 	end   = "<!-- bench-control:end -->"
 	// windowS is the width of the report's windows, of oracle:greedy's and of the convergence
 	// measure.
-	windowS = 15
+	windowS = 30
 )
 
 // kinds of rows, and what each is judged on.
