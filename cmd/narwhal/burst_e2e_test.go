@@ -57,18 +57,13 @@ shutdown_grace_s: 1
 controller:
   advisory: %t
   reactive: {urgent_delay_s: 0.1, evidence_span_s: 0.5, evidence_min_arrivals: 10}
-profiles:
-  one:
-    prefill: {base_s: 0.0165, per_token_s: 1.52e-5, per_token2_s: 4.21e-10, max_tokens: 16384}
-    prefill_concurrency: 1
-    decode: {base_s: 0.0045, per_stream_s: 2.8e-5, per_kv_token_s: 3.08e-8, max_streams: 256, max_kv_tokens: 945000}
-    kv_transfer_s: 0.005
+%s
 engines:
   - {id: e1, address: %q, role: prefill, profile: one}
   - {id: e2, address: %q, role: decode, profile: one}
   - {id: e3, address: %q, role: decode, profile: one}
   - {id: e4, address: %q, role: decode, profile: one}
-`, anyPort, anyPort, anyPort, advisory, engines[0], engines[1], engines[2], engines[3])
+`, anyPort, anyPort, anyPort, advisory, oneProfile, engines[0], engines[1], engines[2], engines[3])
 	decisions := filepath.Join(t.TempDir(), "decisions.jsonl")
 	srv := start(t, "serve", "--config", writeConfig(t, cfg), "--decisions", decisions)
 	admin, extproc, _ := srv.serving(t)

@@ -193,16 +193,20 @@ shutdown_grace_s: 1
 controller:
   monitor: {interval_s: %g}
   reactive: {step_s: 30, urgent_delay_s: %g, evidence_span_s: 0.1, evidence_min_arrivals: 0, evidence_max_span_s: 1}
-profiles:
-  one:
-    prefill: {base_s: 0.0165, per_token_s: 1.52e-5, per_token2_s: 4.21e-10, max_tokens: 16384}
-    prefill_concurrency: 1
-    decode: {base_s: 0.0045, per_stream_s: 2.8e-5, per_kv_token_s: 3.08e-8, max_streams: 256, max_kv_tokens: 945000}
-    kv_transfer_s: 0.005
+%s
 engines:
   - {id: e1, address: %q, role: prefill, profile: one}
   - {id: e2, address: %q, role: decode, profile: one}
   - {id: e3, address: %q, role: decode, profile: one}
 %s
-`, anyPort, anyPort, anyPort, monitorS, urgentS, engines[0], engines[1], engines[2], extra)
+`, anyPort, anyPort, anyPort, monitorS, urgentS, oneProfile, engines[0], engines[1], engines[2], extra)
 }
+
+// oneProfile is the profile "one" of the role-control tests: enginesim's default engine with one
+// prefill at a time.
+const oneProfile = `profiles:
+  one:
+    prefill: {base_s: 0.0165, per_token_s: 1.52e-5, per_token2_s: 4.21e-10, max_tokens: 16384}
+    prefill_concurrency: 1
+    decode: {base_s: 0.0045, per_stream_s: 2.8e-5, per_kv_token_s: 3.08e-8, max_streams: 256, max_kv_tokens: 945000}
+    kv_transfer_s: 0.005`

@@ -266,15 +266,6 @@ func gen(s sim.Synthetic) generated {
 	return generated{reqs, changes}
 }
 
-func scale(reqs []sim.Request, k float64) []sim.Request {
-	out := make([]sim.Request, len(reqs))
-	for i, q := range reqs {
-		q.ArrivalS /= k
-		out[i] = q
-	}
-	return out
-}
-
 // azureCopies is how many shifted copies of the Azure hour make the stationary azure rows.
 const azureCopies = 25
 
