@@ -385,7 +385,7 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 		d.Reason += fmt.Sprintf(" (%.3f weighing the drain of %s, which switches in place)", best.worst, best.donor.ID)
 	}
 	d.Gates = c.gates(s, best, p0, CallerRegular)
-	return c.decide(d, best)
+	return c.decide(s, d, best)
 }
 
 // lower reports whether a split priced (worst, overload) prices lower than another by more
@@ -440,7 +440,7 @@ func (c *Controller) evaluateUrgent(s *state, u pending) Decision {
 		d.Direction = ToPrefill
 		d.Reason = fmt.Sprintf("request %s: projected TTFT %.3f s -> %.3f s", u.tr.Request, curTTFT, candTTFT)
 		d.Gates = c.gates(s, &cand, p0, CallerUrgent)
-		return c.decide(d, &cand)
+		return c.decide(s, d, &cand)
 	case own > c.slo.TTFTS: // no split can help it: its own prefill (inputs.trigger.prefill_s) exceeds the SLO
 		d.Outcome, d.Reason = OutcomeRetained, "prefill_exceeds_slo"
 	default:
@@ -465,7 +465,7 @@ func (c *Controller) base(s *state, caller string) Decision {
 
 // decide turns gated candidate into an outcome: moved, blocked, or advisory. A move to prefill
 // that only flip_resident_guard blocks prepares its donor (Decision.Prepare), unless advisory.
-func (c *Controller) decide(d Decision, cand *candidate) Decision {
+func (c *Controller) decide(s *state, d Decision, cand *candidate) Decision {
 	var failed []Gate
 	for _, g := range d.Gates {
 		if !g.Passed {
@@ -493,6 +493,19 @@ func (c *Controller) decide(d Decision, cand *candidate) Decision {
 	}
 	d.Outcome = OutcomeMoved
 	d.Moves = []Move{{Engine: cand.donor.ID, From: from, To: to}}
+	// Still short of prefill after this move: the next donor is prepared now, so that its
+	// streams drain while the next evaluation comes (section 7, "Preparing a donor").
+	if cand.dir == ToPrefill && cand.price.TTFTRatio >= c.cfg.Thresholds.Expand {
+		rs := c.ranks(s, ToPrefill)
+		slices.SortFunc(rs, cmpRank)
+		for _, r := range rs {
+			if !r.ineligible && r.e.ID != cand.donor.ID {
+				d.Prepare = r.e.ID
+				d.Reason += fmt.Sprintf("; still short of prefill (ttft_ratio %.3f after the move): preparing %s", cand.price.TTFTRatio, d.Prepare)
+				break
+			}
+		}
+	}
 	return d
 }
 
