@@ -493,9 +493,13 @@ func (c *Controller) decide(s *state, d Decision, cand *candidate) Decision {
 	}
 	d.Outcome = OutcomeMoved
 	d.Moves = []Move{{Engine: cand.donor.ID, From: from, To: to}}
-	// Still short of prefill after this move: the next donor is prepared now, so that its
-	// streams drain while the next evaluation comes (section 7, "Preparing a donor").
-	if cand.dir == ToPrefill && cand.price.TTFTRatio >= c.cfg.Thresholds.Expand {
+	// Still short of prefill after this move, with a decode pool that could spare one more
+	// engine (its TPOT ratio, spread over one engine fewer, within expand): the next donor is
+	// prepared now, so that its streams drain while the next evaluation comes (section 7,
+	// "Preparing a donor").
+	th := c.cfg.Thresholds
+	if dd := len(cand.split.Decode); cand.dir == ToPrefill && cand.price.TTFTRatio >= th.Expand && dd > 1 &&
+		cand.price.TPOTRatio*float64(dd)/float64(dd-1) <= th.Expand {
 		rs := c.ranks(s, ToPrefill)
 		slices.SortFunc(rs, cmpRank)
 		for _, r := range rs {
