@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/controller"
@@ -43,7 +44,8 @@ func (s *run) fork() *run {
 }
 
 // greedy replays oracle:greedy (docs/sim.md): at every window boundary it forks the whole
-// replay once per split 1…N−1 of the live engines, sets the split on each fork (the moves free
+// replay once per split 1…N−1 of the live engines, and once per pair of adjacent splits shared
+// (one engine alternating between the roles every step_s), sets it on each fork (the moves free
 // and instant; residents stay where they are, as in a real move), runs each through the window,
 // and goes on from the fork whose window did best: judged a window later with its split kept (a
 // second fork, thrown away), the fewest of the requests arrived by then that missed the SLO for
@@ -63,6 +65,7 @@ func greedy(s *run, windowS float64, progress func(t float64)) (*run, error) {
 		live := s.liveSplit()
 		type trial struct {
 			prefill int
+			shared  bool // the split alternates between prefill and prefill+1 every step_s
 			r       *run
 			over    bool
 			misses  int
@@ -73,6 +76,9 @@ func greedy(s *run, windowS float64, progress func(t float64)) (*run, error) {
 		if n := len(live.prefill) + len(live.decode); n >= 2 {
 			for p := 1; p < n; p++ {
 				trials = append(trials, &trial{prefill: p})
+				if p+1 < n {
+					trials = append(trials, &trial{prefill: p, shared: true})
+				}
 			}
 		} else {
 			trials = append(trials, &trial{prefill: len(live.prefill)})
@@ -86,8 +92,7 @@ func greedy(s *run, windowS float64, progress func(t float64)) (*run, error) {
 				sem <- struct{}{}
 				defer func() { <-sem }()
 				f := s.fork()
-				f.setSplit(tr.prefill)
-				if tr.over, tr.err = f.runUntil(next, nil); tr.err != nil {
+				if tr.over, tr.err = f.runSplit(tr.prefill, tr.shared, next); tr.err != nil {
 					return
 				}
 				tr.r = f
@@ -95,7 +100,7 @@ func greedy(s *run, windowS float64, progress func(t float64)) (*run, error) {
 				// what the window leaves behind (a crowded decode pool, a backlog) shows up in
 				// the next window's requests.
 				look := f.fork()
-				if _, tr.err = look.runUntil(next.Add(window), nil); tr.err == nil {
+				if _, tr.err = look.runSplit(tr.prefill, tr.shared, next.Add(window)); tr.err == nil {
 					tr.misses, tr.backlog = look.misses(look.next), look.backlog()
 				}
 			}()
@@ -107,6 +112,12 @@ func greedy(s *run, windowS float64, progress func(t float64)) (*run, error) {
 			}
 			if c := cmp.Compare(a.backlog, b.backlog); c != 0 {
 				return c
+			}
+			if a.shared != b.shared { // a fixed split before a shared one
+				if b.shared {
+					return -1
+				}
+				return 1
 			}
 			return cmp.Compare(abs(a.prefill-len(live.prefill)), abs(b.prefill-len(live.prefill)))
 		})
@@ -124,6 +135,30 @@ func greedy(s *run, windowS float64, progress func(t float64)) (*run, error) {
 }
 
 func abs(x int) int { return max(x, -x) }
+
+// runSplit runs the replay until until with prefill prefill engines, or, shared, with one
+// engine alternating between the roles every controller.reactive.step_s (prefill, then
+// prefill+1, …): the time-sharing a controller that moves every pass can do, which a split held
+// for a window cannot (an overloaded fleet served 0.84 by flipping an engine every few seconds
+// where any fixed split served 0.6).
+func (s *run) runSplit(prefill int, shared bool, until time.Time) (over bool, err error) {
+	if !shared {
+		s.setSplit(prefill)
+		return s.runUntil(until, nil)
+	}
+	step := config.Seconds(s.cfg.Controller.Reactive.StepS)
+	for k := 0; s.now.Before(until); k++ {
+		s.setSplit(prefill + k%2)
+		end := s.now.Add(step)
+		if end.After(until) {
+			end = until
+		}
+		if over, err = s.runUntil(end, nil); over || err != nil {
+			return over, err
+		}
+	}
+	return false, nil
+}
 
 // pools are the live engines of each role, by id.
 type pools struct{ prefill, decode []string }
