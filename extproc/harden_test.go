@@ -22,6 +22,7 @@ import (
 	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/gateway"
 	"github.com/narwhal-llm/narwhal/router"
 	"github.com/narwhal-llm/narwhal/wire"
 )
@@ -39,10 +40,10 @@ type harness struct {
 	srv    *extproc.Server
 	addr   string
 	conn   *grpc.ClientConn
-	client *envoytest.Client
+	client *gateway.Client
 }
 
-func newHarness(t testing.TB, mode envoytest.Mode, tweak func(*config.Config), roles ...string) *harness {
+func newHarness(t testing.TB, mode gateway.Mode, tweak func(*config.Config), roles ...string) *harness {
 	t.Helper()
 	if len(roles) == 0 {
 		roles = []string{"prefill", "prefill", "decode", "decode"}
@@ -189,7 +190,7 @@ func TestOneRequestPerStream(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, relaxed(envoytest.Mode{}), nil)
+			h := newHarness(t, relaxed(gateway.Mode{}), nil)
 			// Eight such streams would have held every prefill slot (2 engines x 4) for good.
 			for range 8 {
 				ps := h.raw(context.Background())
@@ -213,8 +214,8 @@ func TestOneRequestPerStream(t *testing.T) {
 				t.Fatalf("held %+v, failed %d", held(s), s.Counters.Failed)
 			}
 			// The slots are free: a normal request is placed at once.
-			res, err := h.client.NewExchange(context.Background()).ProcessRequest(envoytest.Request{
-				Headers: envoytest.NewRequestHeaders("POST", "/v1/completions", "gw", nil), Body: strings.NewReader(completion)})
+			res, err := h.client.NewExchange(context.Background()).ProcessRequest(gateway.Request{
+				Headers: gateway.NewRequestHeaders("POST", "/v1/completions", "gw", nil), Body: strings.NewReader(completion)})
 			if err != nil || res.LocalReply != nil || res.Headers.Get(wire.HeaderDestination) == "" {
 				t.Fatalf("next request: %+v %v", res, err)
 			}
@@ -224,11 +225,11 @@ func TestOneRequestPerStream(t *testing.T) {
 
 // exchange runs one request through the Envoy-faithful client; the response, when not nil, is
 // played back through the response phases.
-func (h *harness) exchange(ctx context.Context, body string, resp *envoytest.Response) (*envoytest.RequestResult, *envoytest.Exchange) {
+func (h *harness) exchange(ctx context.Context, body string, resp *gateway.Response) (*gateway.RequestResult, *gateway.Exchange) {
 	h.t.Helper()
 	x := h.client.NewExchange(ctx)
-	res, err := x.ProcessRequest(envoytest.Request{
-		Headers: envoytest.NewRequestHeaders("POST", "/v1/completions", "gw", http.Header{"Content-Type": {"application/json"}}),
+	res, err := x.ProcessRequest(gateway.Request{
+		Headers: gateway.NewRequestHeaders("POST", "/v1/completions", "gw", http.Header{"Content-Type": {"application/json"}}),
 		Body:    strings.NewReader(body)})
 	if err != nil {
 		h.t.Fatalf("request: %v", err)
@@ -244,23 +245,23 @@ func (h *harness) exchange(ctx context.Context, body string, resp *envoytest.Res
 
 type discard struct{}
 
-func (discard) WriteHeaders(envoytest.Headers) error { return nil }
-func (discard) WriteBody([]byte) error               { return nil }
+func (discard) WriteHeaders(gateway.Headers) error { return nil }
+func (discard) WriteBody([]byte) error             { return nil }
 
-func sse(events ...string) *envoytest.Response {
+func sse(events ...string) *gateway.Response {
 	var b strings.Builder
 	for _, e := range events {
 		b.WriteString("data: " + e + "\n\n")
 	}
 	b.WriteString("data: [DONE]\n\n")
-	return &envoytest.Response{Headers: envoytest.NewResponseHeaders(200, http.Header{"Content-Type": {"text/event-stream"}}), Body: strings.NewReader(b.String())}
+	return &gateway.Response{Headers: gateway.NewResponseHeaders(200, http.Header{"Content-Type": {"text/event-stream"}}), Body: strings.NewReader(b.String())}
 }
 
 // TestUnplaceableAnsweredAtOnce (issue 7, finding 2): a request no engine of the fleet could
 // hold is answered 400 at once and never enters the waiting set. Before, it sat at the head of
 // the FIFO until it timed out, and every request behind it waited as long.
 func TestUnplaceableAnsweredAtOnce(t *testing.T) {
-	h := newHarness(t, relaxed(envoytest.Mode{BufferLimit: 8 << 20}), func(c *config.Config) {
+	h := newHarness(t, relaxed(gateway.Mode{BufferLimit: 8 << 20}), func(c *config.Config) {
 		c.Router.WaitingSet.MaxWaitS = 1
 		p := c.Profiles["fast"]
 		p.Decode.MaxKVTokens = 945000
@@ -295,7 +296,7 @@ func TestUnplaceableAnsweredAtOnce(t *testing.T) {
 // not poison the expected output of later requests, and nothing drifts. Before, the next
 // request without max_tokens was never placed and awaiting_output_tokens stayed at 2e11.
 func TestUntrustedUsage(t *testing.T) {
-	h := newHarness(t, relaxed(envoytest.Mode{}), func(c *config.Config) { c.Router.WaitingSet.MaxWaitS = 1 })
+	h := newHarness(t, relaxed(gateway.Mode{}), func(c *config.Config) { c.Router.WaitingSet.MaxWaitS = 1 })
 	noMax := `{"model":"m","prompt":"hello there","stream":true}`
 	res, _ := h.exchange(context.Background(), noMax, sse(`{"choices":[{"text":"a"}]}`,
 		`{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1099511627776,"total_tokens":1099511627779}}`))
@@ -319,11 +320,11 @@ func TestUntrustedUsage(t *testing.T) {
 // holding prefill slots after router.first_token_timeout_s, so the next request is placed.
 // Before, eight silent placements held all eight slots and the ninth got no reply.
 func TestSilentEngine(t *testing.T) {
-	h := newHarness(t, relaxed(envoytest.Mode{}), func(c *config.Config) {
+	h := newHarness(t, relaxed(gateway.Mode{}), func(c *config.Config) {
 		c.Router.FirstTokenTimeoutS = 0.2
 		c.Router.WaitingSet.MaxWaitS = 5
 	})
-	var xs []*envoytest.Exchange
+	var xs []*gateway.Exchange
 	for i := range 8 { // 2 prefill engines x prefill_concurrency 4: every slot
 		res, x := h.exchange(context.Background(), completion, nil)
 		if res.LocalReply != nil {
@@ -364,7 +365,7 @@ func TestSilentEngine(t *testing.T) {
 // 400, and the sizing table keeps at most extproc.MaxTrackedModels models however many names
 // clients send.
 func TestModelNameBounded(t *testing.T) {
-	h := newHarness(t, relaxed(envoytest.Mode{BufferLimit: 8 << 20}), nil)
+	h := newHarness(t, relaxed(gateway.Mode{BufferLimit: 8 << 20}), nil)
 	res, _ := h.exchange(context.Background(), `{"model":"`+strings.Repeat("x", 1<<20)+`","prompt":"hi"}`, nil)
 	if lr := res.LocalReply; lr == nil || lr.Status != 400 {
 		t.Fatalf("%+v", res)
@@ -390,9 +391,9 @@ func TestModelNameBounded(t *testing.T) {
 // engine out of placement at once, without waiting for a probe. Before, every request went to
 // a dead decode engine (the least loaded) until the probes noticed.
 func TestPassiveHealth(t *testing.T) {
-	h := newHarness(t, relaxed(envoytest.Mode{}), nil, "prefill", "decode", "decode")
-	fail := func() *envoytest.Response { // what Envoy answers when the engine refuses connections
-		return &envoytest.Response{Headers: envoytest.NewResponseHeaders(503, http.Header{"Content-Type": {"text/plain"}}),
+	h := newHarness(t, relaxed(gateway.Mode{}), nil, "prefill", "decode", "decode")
+	fail := func() *gateway.Response { // what Envoy answers when the engine refuses connections
+		return &gateway.Response{Headers: gateway.NewResponseHeaders(503, http.Header{"Content-Type": {"text/plain"}}),
 			Body: strings.NewReader("upstream connect error or disconnect/reset before headers. reset reason: connection failure")}
 	}
 	dead := ""
@@ -434,7 +435,7 @@ func TestPassiveHealth(t *testing.T) {
 
 // TestStreamLimit: streams beyond extproc.StreamLimit get a 503 overloaded reply, not a stall.
 func TestStreamLimit(t *testing.T) {
-	h := newHarness(t, relaxed(envoytest.Mode{}), func(c *config.Config) { c.Router.WaitingSet.Capacity = 1 }, "prefill", "decode")
+	h := newHarness(t, relaxed(gateway.Mode{}), func(c *config.Config) { c.Router.WaitingSet.Capacity = 1 }, "prefill", "decode")
 	limit := extproc.StreamLimit(h.cfg)
 	if want := 1 + extproc.StreamMargin + 2*h.cfg.Profiles["fast"].Decode.MaxStreams; limit != want {
 		t.Fatalf("limit %d, want %d", limit, want)

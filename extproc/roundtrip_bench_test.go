@@ -17,6 +17,7 @@ import (
 	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/gateway"
 	"github.com/narwhal-llm/narwhal/router"
 	"github.com/narwhal-llm/narwhal/wire"
 )
@@ -66,22 +67,22 @@ func BenchmarkRoundTrip(b *testing.B) {
 	h := http.Header{}
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
-	hdrs := envoytest.NewRequestHeaders(http.MethodPost, "/v1/chat/completions", "gateway.test", h)
+	hdrs := gateway.NewRequestHeaders(http.MethodPost, "/v1/chat/completions", "gateway.test", h)
 	modes := []struct {
 		name string
-		mode envoytest.Mode
+		mode gateway.Mode
 	}{
-		{"buffered", envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, MessageTimeout: 10 * time.Second, ReceivingNamespaces: []string{"envoy.lb"}}},
-		{"duplex", envoytest.Mode{RequestBody: envoytest.FullDuplex, ResponseBody: envoytest.FullDuplex, MessageTimeout: 10 * time.Second, ReceivingNamespaces: []string{"envoy.lb"}}},
+		{"buffered", gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed, MessageTimeout: 10 * time.Second, ReceivingNamespaces: []string{"envoy.lb"}}},
+		{"duplex", gateway.Mode{RequestBody: gateway.FullDuplex, ResponseBody: gateway.FullDuplex, MessageTimeout: 10 * time.Second, ReceivingNamespaces: []string{"envoy.lb"}}},
 	}
 
 	servers := []struct {
 		name  string
 		start func(*testing.B) string
-		check func(*testing.B, *envoytest.RequestResult)
+		check func(*testing.B, *gateway.RequestResult)
 	}{
-		{"null", func(b *testing.B) string { a, _ := envoytest.StartNullServer(b); return a }, func(*testing.B, *envoytest.RequestResult) {}},
-		{"narwhal", startNarwhal, func(b *testing.B, r *envoytest.RequestResult) {
+		{"null", func(b *testing.B) string { a, _ := envoytest.StartNullServer(b); return a }, func(*testing.B, *gateway.RequestResult) {}},
+		{"narwhal", startNarwhal, func(b *testing.B, r *gateway.RequestResult) {
 			if r.Headers.Get(wire.HeaderDestination) == "" {
 				b.Fatalf("not placed: %+v", r.LocalReply)
 			}
@@ -95,7 +96,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 					trip := func() time.Duration {
 						start := time.Now()
 						x := c.NewExchange(context.Background())
-						res, err := x.ProcessRequest(envoytest.Request{Headers: hdrs, Body: bytes.NewReader(body)})
+						res, err := x.ProcessRequest(gateway.Request{Headers: hdrs, Body: bytes.NewReader(body)})
 						x.Close()
 						if err != nil || res.LocalReply != nil {
 							b.Fatalf("round trip: %v %+v", err, res)

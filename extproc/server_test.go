@@ -22,6 +22,7 @@ import (
 	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/gateway"
 	"github.com/narwhal-llm/narwhal/internal/logbuf"
 	"github.com/narwhal-llm/narwhal/router"
 	"github.com/narwhal-llm/narwhal/wire"
@@ -46,16 +47,16 @@ type fixture struct {
 	live    *router.Live
 	engines map[string]*httptest.Server
 	addr    map[string]string // engine id -> IP:port
-	gw      *envoytest.Gateway
+	gw      *gateway.Gateway
 	url     string
 	extproc string
 }
 
 // relaxed is the filter config of most tests: BUFFERED request body, STREAMED response body,
 // mode override allowed, envoy.lb metadata received, and a message timeout above any wait.
-func relaxed(body envoytest.Mode) envoytest.Mode {
-	m := envoytest.Mode{
-		RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, AllowModeOverride: true,
+func relaxed(body gateway.Mode) gateway.Mode {
+	m := gateway.Mode{
+		RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed, AllowModeOverride: true,
 		MessageTimeout: 30 * time.Second, ReceivingNamespaces: []string{"envoy.lb"},
 	}
 	if body.RequestBody != 0 {
@@ -70,13 +71,13 @@ func relaxed(body envoytest.Mode) envoytest.Mode {
 	return m
 }
 
-func newFixture(t *testing.T, mode envoytest.Mode, tweak func(*config.Config), roles ...string) *fixture {
+func newFixture(t *testing.T, mode gateway.Mode, tweak func(*config.Config), roles ...string) *fixture {
 	t.Helper()
 	return newFixtureWith(t, mode, tweak, nil, roles...)
 }
 
 // newFixtureWith is newFixture with the server's options edited by edit (when not nil).
-func newFixtureWith(t *testing.T, mode envoytest.Mode, tweak func(*config.Config), edit func(*extproc.Options), roles ...string) *fixture {
+func newFixtureWith(t *testing.T, mode gateway.Mode, tweak func(*config.Config), edit func(*extproc.Options), roles ...string) *fixture {
 	t.Helper()
 	if len(roles) == 0 {
 		roles = []string{"prefill", "prefill", "decode", "decode"}
@@ -105,8 +106,8 @@ func newFixtureWith(t *testing.T, mode envoytest.Mode, tweak func(*config.Config
 	srv := extproc.NewServer(opts)
 	fx.extproc = envoytest.StartServer(t, srv, extproc.GRPCServerOptions(cfg)...)
 	var hs *httptest.Server
-	fx.gw, hs = envoytest.StartGateway(t, fx.extproc, mode, envoytest.WithRoutedPaths(cfg.Router.Paths...),
-		envoytest.WithDefaultUpstream(fx.addr["e1"]))
+	fx.gw, hs = envoytest.StartGateway(t, fx.extproc, mode, gateway.WithRoutedPaths(cfg.Router.Paths...),
+		gateway.WithDefaultUpstream(fx.addr["e1"]))
 	fx.url = hs.URL
 	return fx
 }
@@ -159,7 +160,7 @@ func (fx *fixture) await(what string, cond func(router.Snapshot) bool) {
 	}
 }
 
-func (fx *fixture) lastOutcome() envoytest.Outcome {
+func (fx *fixture) lastOutcome() gateway.Outcome {
 	fx.t.Helper()
 	outs := fx.gw.Outcomes()
 	if len(outs) == 0 {
@@ -173,7 +174,7 @@ func chat(stream bool, maxTokens int) string {
 }
 
 func TestDisaggregatedPlacement(t *testing.T) {
-	for _, body := range []envoytest.Mode{{RequestBody: envoytest.Buffered}, {RequestBody: envoytest.FullDuplex, ResponseBody: envoytest.FullDuplex}} {
+	for _, body := range []gateway.Mode{{RequestBody: gateway.Buffered}, {RequestBody: gateway.FullDuplex, ResponseBody: gateway.FullDuplex}} {
 		t.Run(body.RequestBody.String(), func(t *testing.T) {
 			fx := newFixture(t, relaxed(body), nil)
 			code, _, got := fx.post(context.Background(), "/v1/chat/completions", chat(true, 5), nil)
@@ -206,7 +207,7 @@ func TestDisaggregatedPlacement(t *testing.T) {
 }
 
 func TestPromptForms(t *testing.T) {
-	fx := newFixture(t, relaxed(envoytest.Mode{}), nil)
+	fx := newFixture(t, relaxed(gateway.Mode{}), nil)
 	bodies := map[string]string{
 		"string":          `{"model":"m","prompt":"once upon a time","max_tokens":2}`,
 		"strings":         `{"model":"m","prompt":["once upon","a time"],"max_tokens":2}`,
@@ -246,7 +247,7 @@ func errorOf(t *testing.T, body string) (code, message string) {
 }
 
 func TestInvalidRequests(t *testing.T) {
-	fx := newFixture(t, relaxed(envoytest.Mode{BufferLimit: -1}), func(c *config.Config) { c.Router.BodyLimitBytes = 4096 })
+	fx := newFixture(t, relaxed(gateway.Mode{BufferLimit: -1}), func(c *config.Config) { c.Router.BodyLimitBytes = 4096 })
 	cases := []struct {
 		name, path, body string
 		status           int
@@ -299,7 +300,7 @@ func (fx *fixture) hold(n int) func() {
 
 func TestRejections(t *testing.T) {
 	t.Run("waiting_set_full and wait_timeout", func(t *testing.T) {
-		fx := newFixture(t, relaxed(envoytest.Mode{}), func(c *config.Config) {
+		fx := newFixture(t, relaxed(gateway.Mode{}), func(c *config.Config) {
 			c.Router.WaitingSet.Capacity = 1
 			c.Router.WaitingSet.MaxWaitS = 0.3
 		}, "prefill", "decode")
@@ -322,7 +323,7 @@ func TestRejections(t *testing.T) {
 		}
 	})
 	t.Run("predicted_slo_miss", func(t *testing.T) {
-		fx := newFixture(t, relaxed(envoytest.Mode{}), func(c *config.Config) {
+		fx := newFixture(t, relaxed(gateway.Mode{}), func(c *config.Config) {
 			c.Router.Admission.RejectRatio = 1
 			c.SLO.TTFTS = 0.001 // any prompt misses it
 		})
@@ -332,14 +333,14 @@ func TestRejections(t *testing.T) {
 		}
 	})
 	t.Run("no_capacity", func(t *testing.T) {
-		fx := newFixture(t, relaxed(envoytest.Mode{}), func(c *config.Config) { c.Controller.MinDecode = 0 }, "prefill", "prefill")
+		fx := newFixture(t, relaxed(gateway.Mode{}), func(c *config.Config) { c.Controller.MinDecode = 0 }, "prefill", "prefill")
 		code, _, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a"}`, nil)
 		if c, _ := errorOf(t, body); code != 503 || c != "no_capacity" {
 			t.Fatalf("%d %q", code, body)
 		}
 	})
 	t.Run("streamed request body is refused", func(t *testing.T) {
-		fx := newFixture(t, relaxed(envoytest.Mode{RequestBody: envoytest.Streamed}), nil)
+		fx := newFixture(t, relaxed(gateway.Mode{RequestBody: gateway.Streamed}), nil)
 		code, _, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a"}`, nil)
 		if c, msg := errorOf(t, body); code != 500 || c != "unsupported_body_mode" || !strings.Contains(msg, "BUFFERED") {
 			t.Fatalf("%d %q", code, body)
@@ -356,7 +357,7 @@ func TestRejections(t *testing.T) {
 
 // TestClientRoutingHeadersIgnored: a client cannot choose the engine.
 func TestClientRoutingHeadersIgnored(t *testing.T) {
-	fx := newFixture(t, relaxed(envoytest.Mode{}), nil)
+	fx := newFixture(t, relaxed(gateway.Mode{}), nil)
 	evil := map[string]string{
 		wire.HeaderDestination: "10.9.9.9:1", wire.HeaderPrefiller: "10.9.9.9:2",
 		"x-narwhal-placement": "aggregate", "x-narwhal-decode-host-port": "10.9.9.9:3",
@@ -377,13 +378,13 @@ func TestClientRoutingHeadersIgnored(t *testing.T) {
 	// An unprocessed path: the headers are removed, and the request goes to the default upstream.
 	code, _, _ = fx.post(context.Background(), "/v1/models", "", evil)
 	o = fx.lastOutcome()
-	if o.Route != envoytest.RouteDefault || o.Record.RequestHeaders.Has(wire.HeaderDestination) || o.Record.RequestHeaders.Has(wire.HeaderPrefiller) {
+	if o.Route != gateway.RouteDefault || o.Record.RequestHeaders.Has(wire.HeaderDestination) || o.Record.RequestHeaders.Has(wire.HeaderPrefiller) {
 		t.Fatalf("pass-through: %d route %s headers %v", code, o.Route, o.Record.RequestHeaders)
 	}
 }
 
 func TestNonStreamingResponseSkipsBody(t *testing.T) {
-	fx := newFixture(t, relaxed(envoytest.Mode{}), nil)
+	fx := newFixture(t, relaxed(gateway.Mode{}), nil)
 	code, _, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"abc","max_tokens":3}`, nil)
 	if code != 200 || !strings.Contains(body, `"usage"`) {
 		t.Fatalf("%d %s", code, body)
@@ -397,7 +398,7 @@ func TestNonStreamingResponseSkipsBody(t *testing.T) {
 }
 
 func TestCancelWhileWaiting(t *testing.T) {
-	fx := newFixture(t, relaxed(envoytest.Mode{}), nil, "prefill", "decode")
+	fx := newFixture(t, relaxed(gateway.Mode{}), nil, "prefill", "decode")
 	release := fx.hold(4)
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	defer cancel()
@@ -411,7 +412,7 @@ func TestCancelWhileWaiting(t *testing.T) {
 }
 
 func TestCancelWhileStreaming(t *testing.T) {
-	fx := newFixture(t, relaxed(envoytest.Mode{}), nil)
+	fx := newFixture(t, relaxed(gateway.Mode{}), nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fx.url+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"a","max_tokens":5000,"stream":true}`))
@@ -435,7 +436,7 @@ func TestCancelWhileStreaming(t *testing.T) {
 // TestEngineKilled: a decode engine dies with streams on it; the requests end (failed or
 // cancelled in flight), nothing leaks, and new requests go to the other decode engine.
 func TestEngineKilled(t *testing.T) {
-	fx := newFixture(t, relaxed(envoytest.Mode{}), nil, "prefill", "decode", "decode")
+	fx := newFixture(t, relaxed(gateway.Mode{}), nil, "prefill", "decode", "decode")
 	var wg sync.WaitGroup
 	for i := 0; i < 6; i++ {
 		wg.Go(func() {
@@ -463,7 +464,7 @@ func TestEngineKilled(t *testing.T) {
 // engines drained → the fallback refuses new work until its decode residents drain → aggregate
 // placements (no prefiller header) → a prefill engine returns → disaggregated again.
 func TestAggregateFallback(t *testing.T) {
-	fx := newFixture(t, relaxed(envoytest.Mode{}), func(c *config.Config) { c.Router.WaitingSet.MaxWaitS = 0.2 })
+	fx := newFixture(t, relaxed(gateway.Mode{}), func(c *config.Config) { c.Router.WaitingSet.MaxWaitS = 0.2 })
 	long := `{"model":"m","prompt":"a","max_tokens":300,"stream":true}`
 	var wg sync.WaitGroup
 	for i := 0; i < 2; i++ {
@@ -520,11 +521,11 @@ func TestAggregateFallback(t *testing.T) {
 // TestFullDuplexPassThrough: in full duplex Envoy forwards only the body the processor sends
 // back, so a request on an unrouted path must have its body echoed unchanged.
 func TestFullDuplexPassThrough(t *testing.T) {
-	fx := newFixture(t, relaxed(envoytest.Mode{RequestBody: envoytest.FullDuplex, ResponseBody: envoytest.FullDuplex}), nil)
+	fx := newFixture(t, relaxed(gateway.Mode{RequestBody: gateway.FullDuplex, ResponseBody: gateway.FullDuplex}), nil)
 	body := `{"input":"not routed"}`
 	code, _, _ := fx.post(context.Background(), "/v1/embeddings", body, nil)
 	o := fx.lastOutcome()
-	if o.Route != envoytest.RouteDefault || string(o.Record.RequestBody) != body || len(o.Record.Violations) != 0 {
+	if o.Route != gateway.RouteDefault || string(o.Record.RequestBody) != body || len(o.Record.Violations) != 0 {
 		t.Fatalf("%d route %s body %q violations %+v", code, o.Route, o.Record.RequestBody, o.Record.Violations)
 	}
 	if s := fx.settle(); s.Counters.Offers != 0 {
@@ -545,7 +546,7 @@ func (p refusing) Complete(h router.Handle, n int) error {
 func TestRouterErrorsAreLoggedAndCounted(t *testing.T) {
 	var logs logbuf.Buffer
 	reg := prometheus.NewRegistry()
-	fx := newFixtureWith(t, relaxed(envoytest.Mode{}), nil, func(o *extproc.Options) {
+	fx := newFixtureWith(t, relaxed(gateway.Mode{}), nil, func(o *extproc.Options) {
 		o.Placer = refusing{o.Placer.(*router.Live)}
 		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		o.Metrics = extproc.NewMetrics(reg)

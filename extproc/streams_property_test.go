@@ -12,8 +12,8 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/narwhal-llm/narwhal/config"
-	"github.com/narwhal-llm/narwhal/extproc/envoytest"
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/gateway"
 	"github.com/narwhal-llm/narwhal/router"
 )
 
@@ -29,7 +29,7 @@ const sequencesPerCheck = 3
 // (fleet failures) while the streams run. After every sequence, once the server has closed
 // every stream, the conservation laws hold and the router holds nothing.
 func TestStreamsProperty(t *testing.T) {
-	h := newHarness(t, relaxed(envoytest.Mode{}), func(c *config.Config) {
+	h := newHarness(t, relaxed(gateway.Mode{}), func(c *config.Config) {
 		c.Router.WaitingSet.Capacity = 4
 		c.Router.WaitingSet.MaxWaitS = 0.1
 		c.Router.FirstTokenTimeoutS = 0.05

@@ -11,6 +11,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/narwhal-llm/narwhal/gateway"
 )
 
 // NullServer is an ext_proc server that does nothing: it answers every
@@ -43,8 +45,8 @@ func (s *NullServer) Process(stream extprocv3.ExternalProcessor_ProcessServer) e
 		}
 		s.messages.Add(1)
 		if pc := req.GetProtocolConfig(); pc != nil {
-			reqDuplex = pc.GetRequestBodyMode() == FullDuplex
-			respDuplex = pc.GetResponseBodyMode() == FullDuplex
+			reqDuplex = pc.GetRequestBodyMode() == gateway.FullDuplex
+			respDuplex = pc.GetResponseBodyMode() == gateway.FullDuplex
 		}
 		if err := stream.Send(nullReply(req, reqDuplex, respDuplex)); err != nil {
 			return endOfStream(err)

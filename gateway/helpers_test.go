@@ -1,4 +1,4 @@
-package envoytest_test
+package gateway_test
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/gateway"
 )
 
 func TestMain(m *testing.M) {
@@ -22,7 +23,7 @@ func TestMain(m *testing.M) {
 
 // relaxed gives mode a message_timeout far beyond Envoy's 200 ms default,
 // so that tests not about timeouts do not flake on a loaded machine.
-func relaxed(mode envoytest.Mode) envoytest.Mode {
+func relaxed(mode gateway.Mode) gateway.Mode {
 	if mode.MessageTimeout == 0 {
 		mode.MessageTimeout = 10 * time.Second
 	}
@@ -30,7 +31,7 @@ func relaxed(mode envoytest.Mode) envoytest.Mode {
 }
 
 // newClient is NewTestClient with a relaxed message_timeout.
-func newClient(t *testing.T, addr string, mode envoytest.Mode) *envoytest.Client {
+func newClient(t *testing.T, addr string, mode gateway.Mode) *gateway.Client {
 	t.Helper()
 	return envoytest.NewTestClient(t, addr, relaxed(mode))
 }
@@ -44,11 +45,11 @@ func testCtx(t *testing.T, d time.Duration) context.Context {
 }
 
 // reqHeaders builds the request headers of a completion request with a body.
-func reqHeaders(body []byte) envoytest.Headers {
+func reqHeaders(body []byte) gateway.Headers {
 	h := http.Header{}
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
-	return envoytest.NewRequestHeaders(http.MethodPost, "/v1/completions", "gateway.test", h)
+	return gateway.NewRequestHeaders(http.MethodPost, "/v1/completions", "gateway.test", h)
 }
 
 // chunks is a body reader that delivers one chunk per Read, the last one
@@ -142,11 +143,11 @@ func holdUntilClosed(stream extprocv3.ExternalProcessor_ProcessServer) error {
 
 // memWriter collects a response in memory.
 type memWriter struct {
-	headers envoytest.Headers
+	headers gateway.Headers
 	chunks  []string
 }
 
-func (w *memWriter) WriteHeaders(h envoytest.Headers) error { w.headers = h; return nil }
+func (w *memWriter) WriteHeaders(h gateway.Headers) error { w.headers = h; return nil }
 func (w *memWriter) WriteBody(p []byte) error {
 	w.chunks = append(w.chunks, string(p))
 	return nil
@@ -161,7 +162,7 @@ func (w *memWriter) body() string {
 }
 
 // noViolations fails the test when the record lists any violation.
-func noViolations(t *testing.T, rec *envoytest.Record) {
+func noViolations(t *testing.T, rec *gateway.Record) {
 	t.Helper()
 	if err := rec.Err(); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package envoytest_test
+package gateway_test
 
 import (
 	"bytes"
@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/gateway"
 	"github.com/narwhal-llm/narwhal/wire"
 )
 
@@ -50,10 +51,10 @@ func TestWhatEnvoySends(t *testing.T) {
 			ClearRouteCache: true,
 		}))
 	})
-	c := newClient(t, addr, envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed})
+	c := newClient(t, addr, gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed})
 	x := c.NewExchange(testCtx(t, 5*time.Second))
 	defer x.Close()
-	res, err := x.ProcessRequest(envoytest.Request{Headers: reqHeaders(body), Body: bodyOf(string(body[:10]), string(body[10:]))})
+	res, err := x.ProcessRequest(gateway.Request{Headers: reqHeaders(body), Body: bodyOf(string(body[:10]), string(body[10:]))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +79,7 @@ func TestWhatEnvoySends(t *testing.T) {
 		}
 	}
 	pc := msgs[0].GetProtocolConfig()
-	if pc == nil || pc.GetRequestBodyMode() != envoytest.Buffered || pc.GetResponseBodyMode() != envoytest.Streamed {
+	if pc == nil || pc.GetRequestBodyMode() != gateway.Buffered || pc.GetResponseBodyMode() != gateway.Streamed {
 		t.Errorf("protocol_config = %v, want BUFFERED/STREAMED", pc)
 	}
 	if msgs[1].GetProtocolConfig() != nil {
@@ -130,10 +131,10 @@ func TestSpuriousReplies(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ended := make(chan error, 1)
 			addr := replyOnce(t, tc.reply, ended)
-			c := newClient(t, addr, envoytest.Mode{RequestBody: envoytest.Buffered})
+			c := newClient(t, addr, gateway.Mode{RequestBody: gateway.Buffered})
 			x := c.NewExchange(testCtx(t, 5*time.Second))
 			defer x.Close()
-			res, err := x.ProcessRequest(envoytest.Request{Headers: reqHeaders([]byte("{}")), Body: bodyOf("{}")})
+			res, err := x.ProcessRequest(gateway.Request{Headers: reqHeaders([]byte("{}")), Body: bodyOf("{}")})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -141,7 +142,7 @@ func TestSpuriousReplies(t *testing.T) {
 			if lr == nil || lr.Status != 500 || lr.FromProcessor || lr.Details != tc.details {
 				t.Fatalf("local reply = %+v, want Envoy's 500 %q", lr, tc.details)
 			}
-			if !x.Record().Has(envoytest.Spurious) || x.Phase() != envoytest.PhaseLocalReply {
+			if !x.Record().Has(gateway.Spurious) || x.Phase() != gateway.PhaseLocalReply {
 				t.Errorf("record %+v lacks the spurious violation", x.Record())
 			}
 			if err := <-ended; !errors.Is(err, context.Canceled) {
@@ -152,18 +153,18 @@ func TestSpuriousReplies(t *testing.T) {
 
 	t.Run("fail open", func(t *testing.T) {
 		addr := replyOnce(t, respHeadersReply(nil), nil)
-		c := newClient(t, addr, envoytest.Mode{RequestBody: envoytest.Buffered, FailureModeAllow: true})
+		c := newClient(t, addr, gateway.Mode{RequestBody: gateway.Buffered, FailureModeAllow: true})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
 		h := reqHeaders([]byte("{}"))
-		res, err := x.ProcessRequest(envoytest.Request{Headers: h, Body: bodyOf("{}")})
+		res, err := x.ProcessRequest(gateway.Request{Headers: h, Body: bodyOf("{}")})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.LocalReply != nil || x.Phase() != envoytest.PhaseBypassed || string(res.Body) != "{}" {
+		if res.LocalReply != nil || x.Phase() != gateway.PhaseBypassed || string(res.Body) != "{}" {
 			t.Fatalf("fail-open: local %+v phase %v body %q, want the request to continue unprocessed", res.LocalReply, x.Phase(), res.Body)
 		}
-		if !x.Record().Has(envoytest.Spurious) {
+		if !x.Record().Has(gateway.Spurious) {
 			t.Error("spurious reply not recorded")
 		}
 	})
@@ -183,14 +184,14 @@ func TestSpuriousReplies(t *testing.T) {
 			_ = s.Send(reqBodyReply(nil))
 			return holdUntilClosedNil(s)
 		})
-		c := newClient(t, addr, envoytest.Mode{RequestBody: envoytest.Buffered})
+		c := newClient(t, addr, gateway.Mode{RequestBody: gateway.Buffered})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		res, err := x.ProcessRequest(envoytest.Request{Headers: reqHeaders([]byte("{}")), Body: bodyOf("{}")})
+		res, err := x.ProcessRequest(gateway.Request{Headers: reqHeaders([]byte("{}")), Body: bodyOf("{}")})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.LocalReply == nil || res.LocalReply.Status != 500 || !x.Record().Has(envoytest.Spurious) {
+		if res.LocalReply == nil || res.LocalReply.Status != 500 || !x.Record().Has(gateway.Spurious) {
 			t.Fatalf("extra headers reply: local %+v, violations %v", res.LocalReply, x.Record().Violations)
 		}
 	})
@@ -200,15 +201,15 @@ func TestHeaderMutationRules(t *testing.T) {
 	t.Run("value and raw_value", func(t *testing.T) {
 		both := &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "x-a", Value: "v", RawValue: []byte("v")}}
 		addr := replyOnce(t, reqHeadersReply(&extprocv3.CommonResponse{HeaderMutation: mutation(both)}), nil)
-		c := newClient(t, addr, envoytest.Mode{})
+		c := newClient(t, addr, gateway.Mode{})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		res, _ := x.ProcessRequest(envoytest.Request{Headers: reqHeaders(nil)})
+		res, _ := x.ProcessRequest(gateway.Request{Headers: reqHeaders(nil)})
 		lr := res.LocalReply
 		if lr == nil || lr.Status != 500 || lr.Details != "Only_one_of_value_or_raw_value_in_the_HeaderValue_message_should_be_set." {
 			t.Fatalf("local reply = %+v, want 500", lr)
 		}
-		if !x.Record().Has(envoytest.ValueAndRawValue) {
+		if !x.Record().Has(gateway.ValueAndRawValue) {
 			t.Error("violation not recorded")
 		}
 	})
@@ -216,19 +217,19 @@ func TestHeaderMutationRules(t *testing.T) {
 	t.Run("value only", func(t *testing.T) {
 		valueOnly := &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "x-gateway-destination-endpoint", Value: "10.0.0.1:80"}}
 		addr := replyOnce(t, reqHeadersReply(&extprocv3.CommonResponse{HeaderMutation: mutation(valueOnly)}), nil)
-		c := newClient(t, addr, envoytest.Mode{})
+		c := newClient(t, addr, gateway.Mode{})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
 		h := reqHeaders(nil)
 		h.Set("x-gateway-destination-endpoint", "6.6.6.6:80") // client-supplied
-		res, _ := x.ProcessRequest(envoytest.Request{Headers: h})
+		res, _ := x.ProcessRequest(gateway.Request{Headers: h})
 		if res.LocalReply != nil {
 			t.Fatalf("unexpected local reply %+v", res.LocalReply)
 		}
 		if got := res.Headers.Values("x-gateway-destination-endpoint"); len(got) != 1 || got[0] != "" {
 			t.Errorf("destination = %q, want Envoy's empty raw_value", got)
 		}
-		if !x.Record().Has(envoytest.ValueNotRawValue) {
+		if !x.Record().Has(gateway.ValueNotRawValue) {
 			t.Error("violation not recorded")
 		}
 	})
@@ -242,13 +243,13 @@ func TestHeaderMutationRules(t *testing.T) {
 			RemoveHeaders: []string{":path", "host", "x-envoy-foo", "x-drop"},
 		}
 		addr := replyOnce(t, reqHeadersReply(&extprocv3.CommonResponse{HeaderMutation: m}), nil)
-		c := newClient(t, addr, envoytest.Mode{})
+		c := newClient(t, addr, gateway.Mode{})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
 		h := reqHeaders(nil)
 		h.Set("x-drop", "1")
 		h.Set("x-envoy-foo", "1")
-		res, _ := x.ProcessRequest(envoytest.Request{Headers: h})
+		res, _ := x.ProcessRequest(gateway.Request{Headers: h})
 		if res.LocalReply != nil {
 			t.Fatalf("refused mutations must be skipped silently, got %+v", res.LocalReply)
 		}
@@ -261,7 +262,7 @@ func TestHeaderMutationRules(t *testing.T) {
 		}
 		n := 0
 		for _, v := range x.Record().Violations {
-			if v.Kind == envoytest.RefusedMutation {
+			if v.Kind == gateway.RefusedMutation {
 				n++
 			}
 		}
@@ -272,11 +273,11 @@ func TestHeaderMutationRules(t *testing.T) {
 
 	t.Run("invalid name", func(t *testing.T) {
 		addr := replyOnce(t, reqHeadersReply(&extprocv3.CommonResponse{HeaderMutation: mutation(set("bad header", "1"))}), nil)
-		c := newClient(t, addr, envoytest.Mode{})
+		c := newClient(t, addr, gateway.Mode{})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		res, _ := x.ProcessRequest(envoytest.Request{Headers: reqHeaders(nil)})
-		if res.LocalReply == nil || res.LocalReply.Status != 500 || !x.Record().Has(envoytest.InvalidHeader) {
+		res, _ := x.ProcessRequest(gateway.Request{Headers: reqHeaders(nil)})
+		if res.LocalReply == nil || res.LocalReply.Status != 500 || !x.Record().Has(gateway.InvalidHeader) {
 			t.Fatalf("invalid header name: local %+v", res.LocalReply)
 		}
 	})
@@ -287,15 +288,15 @@ func TestImmediateResponse(t *testing.T) {
 		ended := make(chan error, 1)
 		ir := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{Body: []byte("no")}}}
 		addr := replyOnce(t, ir, ended)
-		c := newClient(t, addr, envoytest.Mode{RequestBody: envoytest.Buffered})
+		c := newClient(t, addr, gateway.Mode{RequestBody: gateway.Buffered})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		res, _ := x.ProcessRequest(envoytest.Request{Headers: reqHeaders([]byte("{}")), Body: bodyOf("{}")})
+		res, _ := x.ProcessRequest(gateway.Request{Headers: reqHeaders([]byte("{}")), Body: bodyOf("{}")})
 		lr := res.LocalReply
 		if lr == nil || lr.Status != 200 || !lr.FromProcessor || lr.Headers.Get("content-type") != "text/plain" {
 			t.Fatalf("local reply = %+v, want Envoy's defaulted 200", lr)
 		}
-		if !x.Record().Has(envoytest.ImmediateStatusDefaulted) {
+		if !x.Record().Has(gateway.ImmediateStatusDefaulted) {
 			t.Error("defaulted status not flagged")
 		}
 		if err := <-ended; !errors.Is(err, context.Canceled) {
@@ -315,10 +316,10 @@ func TestImmediateResponse(t *testing.T) {
 			Response:        &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: ir},
 			DynamicMetadata: md,
 		}, nil)
-		c := newClient(t, addr, envoytest.Mode{ReceivingNamespaces: []string{"envoy.lb"}})
+		c := newClient(t, addr, gateway.Mode{ReceivingNamespaces: []string{"envoy.lb"}})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		res, _ := x.ProcessRequest(envoytest.Request{Headers: reqHeaders(nil)})
+		res, _ := x.ProcessRequest(gateway.Request{Headers: reqHeaders(nil)})
 		lr := res.LocalReply
 		if lr == nil || lr.Status != 429 || lr.Details != "waiting_set_full" || lr.Headers.Get("content-type") != "application/json" || lr.Headers.Get("retry-after") != "1" {
 			t.Fatalf("local reply = %+v", lr)
@@ -345,15 +346,15 @@ func TestImmediateResponse(t *testing.T) {
 				}
 			}
 		})
-		c := newClient(t, addr, envoytest.Mode{ResponseBody: envoytest.Streamed})
+		c := newClient(t, addr, gateway.Mode{ResponseBody: gateway.Streamed})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		if _, err := x.ProcessRequest(envoytest.Request{Headers: reqHeaders(nil)}); err != nil {
+		if _, err := x.ProcessRequest(gateway.Request{Headers: reqHeaders(nil)}); err != nil {
 			t.Fatal(err)
 		}
 		w := &memWriter{}
-		err := x.ProcessResponse(envoytest.Response{Headers: envoytest.NewResponseHeaders(200, nil), Body: bodyOf("data: 1\n\n")}, w)
-		if !errors.Is(err, envoytest.ErrStreamReset) || !x.Record().LocalReply.Reset {
+		err := x.ProcessResponse(gateway.Response{Headers: gateway.NewResponseHeaders(200, nil), Body: bodyOf("data: 1\n\n")}, w)
+		if !errors.Is(err, gateway.ErrStreamReset) || !x.Record().LocalReply.Reset {
 			t.Fatalf("ProcessResponse = %v, want a reset once the response started", err)
 		}
 	})
@@ -371,11 +372,11 @@ func TestMessageTimeout(t *testing.T) {
 
 	t.Run("fail closed", func(t *testing.T) {
 		ended := make(chan error, 1)
-		c := newClient(t, slow(ended), envoytest.Mode{MessageTimeout: timeout})
+		c := newClient(t, slow(ended), gateway.Mode{MessageTimeout: timeout})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
 		start := time.Now()
-		res, _ := x.ProcessRequest(envoytest.Request{Headers: reqHeaders(nil)})
+		res, _ := x.ProcessRequest(gateway.Request{Headers: reqHeaders(nil)})
 		if el := time.Since(start); el < timeout || el > 2*time.Second {
 			t.Errorf("gave up after %v, want about %v", el, timeout)
 		}
@@ -383,7 +384,7 @@ func TestMessageTimeout(t *testing.T) {
 		if lr == nil || lr.Status != 504 || lr.Details != "ext_proc_error_per-message_timeout_exceeded" {
 			t.Fatalf("local reply = %+v, want 504", lr)
 		}
-		if !x.Record().Has(envoytest.MessageTimeout) {
+		if !x.Record().Has(gateway.MessageTimeout) {
 			t.Error("timeout not recorded")
 		}
 		if err := <-ended; !errors.Is(err, context.Canceled) {
@@ -393,11 +394,11 @@ func TestMessageTimeout(t *testing.T) {
 
 	t.Run("fail open", func(t *testing.T) {
 		ended := make(chan error, 1)
-		c := newClient(t, slow(ended), envoytest.Mode{MessageTimeout: timeout, FailureModeAllow: true})
+		c := newClient(t, slow(ended), gateway.Mode{MessageTimeout: timeout, FailureModeAllow: true})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		res, _ := x.ProcessRequest(envoytest.Request{Headers: reqHeaders(nil)})
-		if res.LocalReply != nil || x.Phase() != envoytest.PhaseBypassed || res.Headers.Get(":path") != "/v1/completions" {
+		res, _ := x.ProcessRequest(gateway.Request{Headers: reqHeaders(nil)})
+		if res.LocalReply != nil || x.Phase() != gateway.PhaseBypassed || res.Headers.Get(":path") != "/v1/completions" {
 			t.Fatalf("fail-open timeout: local %+v phase %v", res.LocalReply, x.Phase())
 		}
 		<-ended
@@ -419,10 +420,10 @@ func TestMessageTimeout(t *testing.T) {
 			_ = s.Send(reqBodyReply(nil))
 			return nil
 		})
-		c := newClient(t, addr, envoytest.Mode{RequestBody: envoytest.Buffered, MessageTimeout: timeout})
+		c := newClient(t, addr, gateway.Mode{RequestBody: gateway.Buffered, MessageTimeout: timeout})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		res, _ := x.ProcessRequest(envoytest.Request{Headers: reqHeaders([]byte("{}")), Body: bodyOf("{}")})
+		res, _ := x.ProcessRequest(gateway.Request{Headers: reqHeaders([]byte("{}")), Body: bodyOf("{}")})
 		if res.LocalReply == nil || res.LocalReply.Status != 504 {
 			t.Fatalf("a body reply beyond message_timeout must give 504, got %+v", res.LocalReply)
 		}
@@ -450,10 +451,10 @@ func TestMessageTimeout(t *testing.T) {
 			_ = s.Send(reqBodyReply(streamed(string(body), true)))
 			return holdUntilClosedNil(s)
 		})
-		c := newClient(t, addr, envoytest.Mode{RequestBody: envoytest.FullDuplex, MessageTimeout: timeout})
+		c := newClient(t, addr, gateway.Mode{RequestBody: gateway.FullDuplex, MessageTimeout: timeout})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		res, err := x.ProcessRequest(envoytest.Request{Headers: reqHeaders([]byte("abc")), Body: bodyOf("abc")})
+		res, err := x.ProcessRequest(gateway.Request{Headers: reqHeaders([]byte("abc")), Body: bodyOf("abc")})
 		if err != nil || res.LocalReply != nil || string(res.Body) != "abc" {
 			t.Fatalf("full duplex: err %v local %+v body %q", err, res.LocalReply, res.Body)
 		}
@@ -472,11 +473,11 @@ func TestMessageTimeout(t *testing.T) {
 			return holdUntilClosedNil(s)
 		})
 		// Long enough for the override to arrive first on a loaded machine.
-		c := newClient(t, addr, envoytest.Mode{MessageTimeout: 500 * time.Millisecond})
+		c := newClient(t, addr, gateway.Mode{MessageTimeout: 500 * time.Millisecond})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		res, _ := x.ProcessRequest(envoytest.Request{Headers: reqHeaders(nil)})
-		if res.LocalReply == nil || res.LocalReply.Status != 504 || !x.Record().Has(envoytest.TimeoutOverrideIgnored) {
+		res, _ := x.ProcessRequest(gateway.Request{Headers: reqHeaders(nil)})
+		if res.LocalReply == nil || res.LocalReply.Status != 504 || !x.Record().Has(gateway.TimeoutOverrideIgnored) {
 			t.Fatalf("a reply with override_message_timeout is ignored whole: local %+v", res.LocalReply)
 		}
 	})
@@ -507,17 +508,17 @@ func TestDynamicMetadataNamespaces(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := replyOnce(t, reply, nil)
-			c := newClient(t, addr, envoytest.Mode{ReceivingNamespaces: tc.receiving})
+			c := newClient(t, addr, gateway.Mode{ReceivingNamespaces: tc.receiving})
 			x := c.NewExchange(testCtx(t, 5*time.Second))
 			defer x.Close()
-			if _, err := x.ProcessRequest(envoytest.Request{Headers: reqHeaders(nil)}); err != nil {
+			if _, err := x.ProcessRequest(gateway.Request{Headers: reqHeaders(nil)}); err != nil {
 				t.Fatal(err)
 			}
 			rec := x.Record()
 			if got := rec.Metadata("envoy.lb", "x-gateway-destination-endpoint"); got != tc.wantLB {
 				t.Errorf("envoy.lb = %q, want %q", got, tc.wantLB)
 			}
-			if rec.DynamicMetadata["narwhal.debug"] != nil || !rec.Has(envoytest.MetadataNotReceived) {
+			if rec.DynamicMetadata["narwhal.debug"] != nil || !rec.Has(gateway.MetadataNotReceived) {
 				t.Errorf("metadata outside receiving_namespaces kept or not flagged: %v", rec.Violations)
 			}
 		})
@@ -555,19 +556,19 @@ func countingServer(t *testing.T, onRespHeaders func(*extprocv3.ProcessingRespon
 
 func TestModeOverride(t *testing.T) {
 	skipBody := func(r *extprocv3.ProcessingResponse) {
-		r.ModeOverride = &extprocfilterv3.ProcessingMode{ResponseBodyMode: envoytest.None}
+		r.ModeOverride = &extprocfilterv3.ProcessingMode{ResponseBodyMode: gateway.None}
 	}
-	run := func(t *testing.T, mode envoytest.Mode, onReq, onResp func(*extprocv3.ProcessingResponse)) (*envoytest.Record, [2]int, *memWriter) {
+	run := func(t *testing.T, mode gateway.Mode, onReq, onResp func(*extprocv3.ProcessingResponse)) (*gateway.Record, [2]int, *memWriter) {
 		counts := make(chan [2]int, 1)
 		addr := countingServer(t, onResp, onReq, counts)
 		c := newClient(t, addr, mode)
 		x := c.NewExchange(testCtx(t, 5*time.Second))
-		res, err := x.ProcessRequest(envoytest.Request{Headers: reqHeaders([]byte("{}")), Body: bodyOf("{}")})
+		res, err := x.ProcessRequest(gateway.Request{Headers: reqHeaders([]byte("{}")), Body: bodyOf("{}")})
 		if err != nil || res.LocalReply != nil {
 			t.Fatalf("request: %v %+v", err, res.LocalReply)
 		}
 		w := &memWriter{}
-		if err := x.ProcessResponse(envoytest.Response{Headers: envoytest.NewResponseHeaders(200, nil), Body: bodyOf("a", "b")}, w); err != nil {
+		if err := x.ProcessResponse(gateway.Response{Headers: gateway.NewResponseHeaders(200, nil), Body: bodyOf("a", "b")}, w); err != nil {
 			t.Fatal(err)
 		}
 		x.Close()
@@ -578,15 +579,15 @@ func TestModeOverride(t *testing.T) {
 	}
 
 	t.Run("not allowed", func(t *testing.T) {
-		rec, n, _ := run(t, envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed}, nil, skipBody)
-		if !rec.Has(envoytest.ModeOverrideIgnored) || n[1] != 2 {
+		rec, n, _ := run(t, gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed}, nil, skipBody)
+		if !rec.Has(gateway.ModeOverrideIgnored) || n[1] != 2 {
 			t.Errorf("without allow_mode_override: violations %v, %d response body messages (want 2)", rec.Violations, n[1])
 		}
 	})
 	t.Run("allowed at response headers", func(t *testing.T) {
-		rec, n, _ := run(t, envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, AllowModeOverride: true}, nil, skipBody)
+		rec, n, _ := run(t, gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed, AllowModeOverride: true}, nil, skipBody)
 		noViolations(t, rec)
-		if rec.ModeOverrides != 1 || n[1] != 0 || rec.Phase != envoytest.PhaseDone {
+		if rec.ModeOverrides != 1 || n[1] != 0 || rec.Phase != gateway.PhaseDone {
 			t.Errorf("override: %d applied, %d response body messages, phase %v", rec.ModeOverrides, n[1], rec.Phase)
 		}
 	})
@@ -596,7 +597,7 @@ func TestModeOverride(t *testing.T) {
 		onReq := func(r *extprocv3.ProcessingResponse) {
 			r.ModeOverride = &extprocfilterv3.ProcessingMode{ResponseHeaderMode: extprocfilterv3.ProcessingMode_SKIP}
 		}
-		rec, n, _ := run(t, envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, AllowModeOverride: true}, onReq, nil)
+		rec, n, _ := run(t, gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed, AllowModeOverride: true}, onReq, nil)
 		if n != [2]int{0, 0} || rec.ResponseHeaders.Status() != 200 {
 			t.Errorf("literal override: body messages %v", n)
 		}
@@ -611,7 +612,7 @@ func TestModeOverride(t *testing.T) {
 				reply := continueReply(req)
 				switch {
 				case req.GetResponseHeaders() != nil:
-					reply.ModeOverride = &extprocfilterv3.ProcessingMode{ResponseBodyMode: envoytest.FullDuplex}
+					reply.ModeOverride = &extprocfilterv3.ProcessingMode{ResponseBodyMode: gateway.FullDuplex}
 				case req.GetResponseBody() != nil:
 					b := req.GetResponseBody()
 					reply = respBodyReply(streamed(strings.ToUpper(string(b.GetBody())), b.GetEndOfStream()))
@@ -621,17 +622,17 @@ func TestModeOverride(t *testing.T) {
 				}
 			}
 		})
-		c := newClient(t, addr, envoytest.Mode{ResponseBody: envoytest.Streamed, AllowModeOverride: true})
+		c := newClient(t, addr, gateway.Mode{ResponseBody: gateway.Streamed, AllowModeOverride: true})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		if _, err := x.ProcessRequest(envoytest.Request{Headers: reqHeaders(nil)}); err != nil {
+		if _, err := x.ProcessRequest(gateway.Request{Headers: reqHeaders(nil)}); err != nil {
 			t.Fatal(err)
 		}
 		w := &memWriter{}
-		if err := x.ProcessResponse(envoytest.Response{Headers: envoytest.NewResponseHeaders(200, nil), Body: bodyOf("a", "b")}, w); err != nil {
+		if err := x.ProcessResponse(gateway.Response{Headers: gateway.NewResponseHeaders(200, nil), Body: bodyOf("a", "b")}, w); err != nil {
 			t.Fatal(err)
 		}
-		if w.body() != "AB" || x.Phase() != envoytest.PhaseDone {
+		if w.body() != "AB" || x.Phase() != gateway.PhaseDone {
 			t.Errorf("body %q phase %v", w.body(), x.Phase())
 		}
 		noViolations(t, x.Record())
@@ -640,13 +641,13 @@ func TestModeOverride(t *testing.T) {
 		reply := reqHeadersReply(nil)
 		skipBody(reply)
 		addr := replyOnce(t, reply, nil)
-		c := newClient(t, addr, envoytest.Mode{ResponseBody: envoytest.FullDuplex, AllowModeOverride: true})
+		c := newClient(t, addr, gateway.Mode{ResponseBody: gateway.FullDuplex, AllowModeOverride: true})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		if _, err := x.ProcessRequest(envoytest.Request{Headers: reqHeaders(nil)}); err != nil {
+		if _, err := x.ProcessRequest(gateway.Request{Headers: reqHeaders(nil)}); err != nil {
 			t.Fatal(err)
 		}
-		if rec := x.Record(); rec.ModeOverrides != 0 || !rec.Has(envoytest.ModeOverrideIgnored) {
+		if rec := x.Record(); rec.ModeOverrides != 0 || !rec.Has(gateway.ModeOverrideIgnored) {
 			t.Errorf("override with full duplex configured: applied %d, violations %v", rec.ModeOverrides, rec.Violations)
 		}
 	})
@@ -663,11 +664,11 @@ func TestClearRouteCache(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := replyOnce(t, reqHeadersReply(tc.cr), nil)
-			c := newClient(t, addr, envoytest.Mode{})
+			c := newClient(t, addr, gateway.Mode{})
 			x := c.NewExchange(testCtx(t, 5*time.Second))
 			defer x.Close()
-			res, _ := x.ProcessRequest(envoytest.Request{Headers: reqHeaders(nil)})
-			if res.RouteCacheCleared != tc.wantCleared || x.Record().Has(envoytest.RouteCacheClearIgnored) == tc.wantCleared {
+			res, _ := x.ProcessRequest(gateway.Request{Headers: reqHeaders(nil)})
+			if res.RouteCacheCleared != tc.wantCleared || x.Record().Has(gateway.RouteCacheClearIgnored) == tc.wantCleared {
 				t.Errorf("cleared %v, violations %v", res.RouteCacheCleared, x.Record().Violations)
 			}
 		})
@@ -696,10 +697,10 @@ func TestStreamedOneReplyPerChunk(t *testing.T) {
 			}
 		}
 	})
-	c := newClient(t, addr, envoytest.Mode{RequestBody: envoytest.Streamed})
+	c := newClient(t, addr, gateway.Mode{RequestBody: gateway.Streamed})
 	x := c.NewExchange(testCtx(t, 5*time.Second))
 	defer x.Close()
-	res, err := x.ProcessRequest(envoytest.Request{Headers: reqHeaders([]byte("abcdef")), Body: bodyOf("ab", "cd", "ef")})
+	res, err := x.ProcessRequest(gateway.Request{Headers: reqHeaders([]byte("abcdef")), Body: bodyOf("ab", "cd", "ef")})
 	if err != nil || res.LocalReply != nil {
 		t.Fatal(err, res.LocalReply)
 	}
@@ -707,7 +708,7 @@ func TestStreamedOneReplyPerChunk(t *testing.T) {
 	if string(res.Body) != "ABCDEF" || res.Headers.Has("x-late") || res.Headers.Has("content-length") {
 		t.Errorf("body %q headers %v", res.Body, res.Headers)
 	}
-	if rec.Sent != 4 || rec.Received != 4 || !rec.Has(envoytest.HeaderMutationIgnored) {
+	if rec.Sent != 4 || rec.Received != 4 || !rec.Has(gateway.HeaderMutationIgnored) {
 		t.Errorf("sent %d received %d violations %v", rec.Sent, rec.Received, rec.Violations)
 	}
 }
@@ -745,13 +746,13 @@ func TestFullDuplexEcho(t *testing.T) {
 			return holdUntilClosedNil(s)
 		}
 	}
-	mode := envoytest.Mode{RequestBody: envoytest.FullDuplex}
+	mode := gateway.Mode{RequestBody: gateway.FullDuplex}
 
 	t.Run("echo", func(t *testing.T) {
 		c := newClient(t, envoytest.StartServerFunc(t, echo(false)), mode)
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		res, err := x.ProcessRequest(envoytest.Request{Headers: reqHeaders([]byte("hello world")), Body: bodyOf("hello", " ", "world")})
+		res, err := x.ProcessRequest(gateway.Request{Headers: reqHeaders([]byte("hello world")), Body: bodyOf("hello", " ", "world")})
 		if err != nil || res.LocalReply != nil {
 			t.Fatal(err, res.LocalReply)
 		}
@@ -764,13 +765,13 @@ func TestFullDuplexEcho(t *testing.T) {
 		c := newClient(t, envoytest.StartServerFunc(t, echo(true)), mode)
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		res, _ := x.ProcessRequest(envoytest.Request{Headers: reqHeaders([]byte("abc")), Body: bodyOf("abc")})
-		if res.LocalReply == nil || res.LocalReply.Status != 500 || !x.Record().Has(envoytest.Spurious) {
+		res, _ := x.ProcessRequest(gateway.Request{Headers: reqHeaders([]byte("abc")), Body: bodyOf("abc")})
+		if res.LocalReply == nil || res.LocalReply.Status != 500 || !x.Record().Has(gateway.Spurious) {
 			t.Fatalf("out-of-order full duplex reply: %+v", res.LocalReply)
 		}
 	})
 	t.Run("mode validation", func(t *testing.T) {
-		if err := (envoytest.Mode{RequestBody: envoytest.FullDuplex, FailureModeAllow: true}).Validate(); err == nil {
+		if err := (gateway.Mode{RequestBody: gateway.FullDuplex, FailureModeAllow: true}).Validate(); err == nil {
 			t.Error("full duplex with failure_mode_allow accepted")
 		}
 	})
@@ -782,14 +783,14 @@ func TestServerEndsStream(t *testing.T) {
 			_, _ = s.Recv()
 			return nil
 		})
-		c := newClient(t, addr, envoytest.Mode{RequestBody: envoytest.Buffered})
+		c := newClient(t, addr, gateway.Mode{RequestBody: gateway.Buffered})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		res, err := x.ProcessRequest(envoytest.Request{Headers: reqHeaders([]byte("{}")), Body: bodyOf("{}")})
-		if err != nil || res.LocalReply != nil || x.Phase() != envoytest.PhaseBypassed || string(res.Body) != "{}" {
+		res, err := x.ProcessRequest(gateway.Request{Headers: reqHeaders([]byte("{}")), Body: bodyOf("{}")})
+		if err != nil || res.LocalReply != nil || x.Phase() != gateway.PhaseBypassed || string(res.Body) != "{}" {
 			t.Fatalf("Envoy continues without the processor: err %v local %+v phase %v", err, res.LocalReply, x.Phase())
 		}
-		if !x.Record().Has(envoytest.ServerClosed) {
+		if !x.Record().Has(gateway.ServerClosed) {
 			t.Error("early close not flagged")
 		}
 	})
@@ -798,19 +799,19 @@ func TestServerEndsStream(t *testing.T) {
 			_, _ = s.Recv()
 			return status.Error(codes.Internal, "boom")
 		})
-		c := newClient(t, addr, envoytest.Mode{})
+		c := newClient(t, addr, gateway.Mode{})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		res, _ := x.ProcessRequest(envoytest.Request{Headers: reqHeaders(nil)})
+		res, _ := x.ProcessRequest(gateway.Request{Headers: reqHeaders(nil)})
 		if lr := res.LocalReply; lr == nil || lr.Status != 500 || lr.Details != "ext_proc_error_gRPC_error_13{boom}" {
 			t.Fatalf("local reply = %+v", lr)
 		}
 	})
 	t.Run("unreachable", func(t *testing.T) {
-		c := newClient(t, "127.0.0.1:1", envoytest.Mode{})
+		c := newClient(t, "127.0.0.1:1", gateway.Mode{})
 		x := c.NewExchange(testCtx(t, 5*time.Second))
 		defer x.Close()
-		res, _ := x.ProcessRequest(envoytest.Request{Headers: reqHeaders(nil)})
+		res, _ := x.ProcessRequest(gateway.Request{Headers: reqHeaders(nil)})
 		if lr := res.LocalReply; lr == nil || lr.Status != 500 || !strings.HasPrefix(lr.Details, "ext_proc_error_gRPC_error_14") {
 			t.Fatalf("local reply = %+v", lr)
 		}
@@ -828,7 +829,7 @@ func TestClientCancelResetsStream(t *testing.T) {
 		ended <- holdUntilClosed(s) // holds the reply, as for a waiting request
 		return nil
 	})
-	c := newClient(t, addr, envoytest.Mode{})
+	c := newClient(t, addr, gateway.Mode{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	x := c.NewExchange(ctx)
@@ -837,11 +838,11 @@ func TestClientCancelResetsStream(t *testing.T) {
 		<-received
 		cancel()
 	}()
-	_, err := x.ProcessRequest(envoytest.Request{Headers: reqHeaders(nil)})
-	if !errors.Is(err, envoytest.ErrCancelled) || !errors.Is(err, context.Canceled) {
+	_, err := x.ProcessRequest(gateway.Request{Headers: reqHeaders(nil)})
+	if !errors.Is(err, gateway.ErrCancelled) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("ProcessRequest = %v, want cancellation", err)
 	}
-	if !x.Record().Cancelled || x.Phase() != envoytest.PhaseCancelled {
+	if !x.Record().Cancelled || x.Phase() != gateway.PhaseCancelled {
 		t.Errorf("record: cancelled %v phase %v", x.Record().Cancelled, x.Phase())
 	}
 	select {
@@ -856,11 +857,11 @@ func TestClientCancelResetsStream(t *testing.T) {
 
 func TestBufferLimit(t *testing.T) {
 	addr, null := envoytest.StartNullServer(t)
-	c := newClient(t, addr, envoytest.Mode{RequestBody: envoytest.Buffered, BufferLimit: 1024})
+	c := newClient(t, addr, gateway.Mode{RequestBody: gateway.Buffered, BufferLimit: 1024})
 	x := c.NewExchange(testCtx(t, 5*time.Second))
 	defer x.Close()
 	body := strings.Repeat("x", 2048)
-	res, _ := x.ProcessRequest(envoytest.Request{Headers: reqHeaders([]byte(body)), Body: strings.NewReader(body)})
+	res, _ := x.ProcessRequest(gateway.Request{Headers: reqHeaders([]byte(body)), Body: strings.NewReader(body)})
 	if lr := res.LocalReply; lr == nil || lr.Status != 413 || lr.FromProcessor {
 		t.Fatalf("local reply = %+v, want Envoy's own 413", lr)
 	}
@@ -885,33 +886,33 @@ func TestContentLengthMismatch(t *testing.T) {
 			}
 		}
 	})
-	c := newClient(t, addr, envoytest.Mode{RequestBody: envoytest.Buffered})
+	c := newClient(t, addr, gateway.Mode{RequestBody: gateway.Buffered})
 	x := c.NewExchange(testCtx(t, 5*time.Second))
 	defer x.Close()
-	res, _ := x.ProcessRequest(envoytest.Request{Headers: reqHeaders([]byte("{}")), Body: bodyOf("{}")})
-	if res.LocalReply == nil || res.LocalReply.Status != 500 || !x.Record().Has(envoytest.ContentLengthMismatch) {
+	res, _ := x.ProcessRequest(gateway.Request{Headers: reqHeaders([]byte("{}")), Body: bodyOf("{}")})
+	if res.LocalReply == nil || res.LocalReply.Status != 500 || !x.Record().Has(gateway.ContentLengthMismatch) {
 		t.Fatalf("local reply = %+v", res.LocalReply)
 	}
 }
 
 func TestNullServerRoundTrip(t *testing.T) {
-	for _, mode := range []envoytest.Mode{
-		{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed},
-		{RequestBody: envoytest.FullDuplex, ResponseBody: envoytest.FullDuplex},
-		{RequestBody: envoytest.Streamed, ResponseBody: envoytest.Buffered},
+	for _, mode := range []gateway.Mode{
+		{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed},
+		{RequestBody: gateway.FullDuplex, ResponseBody: gateway.FullDuplex},
+		{RequestBody: gateway.Streamed, ResponseBody: gateway.Buffered},
 		{},
 	} {
 		t.Run(fmt.Sprintf("%v-%v", mode.RequestBody, mode.ResponseBody), func(t *testing.T) {
 			addr, null := envoytest.StartNullServer(t)
 			c := newClient(t, addr, mode)
 			x := c.NewExchange(testCtx(t, 5*time.Second))
-			res, err := x.ProcessRequest(envoytest.Request{Headers: reqHeaders([]byte(`{"p":1}`)), Body: bodyOf(`{"p"`, `:1}`)})
+			res, err := x.ProcessRequest(gateway.Request{Headers: reqHeaders([]byte(`{"p":1}`)), Body: bodyOf(`{"p"`, `:1}`)})
 			if err != nil || res.LocalReply != nil || string(res.Body) != `{"p":1}` {
 				t.Fatalf("request: %v %+v %q", err, res.LocalReply, res.Body)
 			}
 			w := &memWriter{}
-			err = x.ProcessResponse(envoytest.Response{
-				Headers: envoytest.NewResponseHeaders(200, map[string][]string{"Content-Type": {"text/event-stream"}}),
+			err = x.ProcessResponse(gateway.Response{
+				Headers: gateway.NewResponseHeaders(200, map[string][]string{"Content-Type": {"text/event-stream"}}),
 				Body:    bodyOf("data: a\n\n", "data: b\n\n", "data: [DONE]\n\n"),
 			}, w)
 			if err != nil {
@@ -923,7 +924,7 @@ func TestNullServerRoundTrip(t *testing.T) {
 			}
 			rec := x.Record()
 			noViolations(t, rec)
-			if null.Streams() != 1 || rec.Phase != envoytest.PhaseDone {
+			if null.Streams() != 1 || rec.Phase != gateway.PhaseDone {
 				t.Errorf("streams %d phase %v", null.Streams(), rec.Phase)
 			}
 		})

@@ -1,4 +1,4 @@
-package envoytest
+package gateway
 
 import (
 	"bytes"
@@ -7,12 +7,10 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	"google.golang.org/grpc"
@@ -109,7 +107,7 @@ func WithDialOptions(opts ...grpc.DialOption) GatewayOption {
 // Gateway plays Envoy in front of engines: an http.Handler that runs each
 // request through the ext_proc server, routes it as an ORIGINAL_DST cluster
 // with use_http_header does, and streams the response back through the
-// response phases, flushing every chunk. Test-only code.
+// response phases, flushing every chunk.
 type Gateway struct {
 	conn      *grpc.ClientConn
 	client    *Client
@@ -159,22 +157,6 @@ func NewGateway(extprocAddr string, mode Mode, opts ...GatewayOption) (*Gateway,
 		g.routed[p] = true
 	}
 	return g, nil
-}
-
-// StartGateway starts a gateway behind an httptest server; both are closed
-// when the test ends. Use srv.Client() to reach it.
-func StartGateway(tb testing.TB, extprocAddr string, mode Mode, opts ...GatewayOption) (*Gateway, *httptest.Server) {
-	tb.Helper()
-	g, err := NewGateway(extprocAddr, mode, opts...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	srv := httptest.NewServer(g)
-	tb.Cleanup(func() {
-		srv.Close()
-		g.Close()
-	})
-	return g, srv
 }
 
 // Client returns the ext_proc client the gateway uses.

@@ -1,8 +1,7 @@
-package envoytest
+package gateway
 
 import (
 	"context"
-	"testing"
 
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -60,20 +59,4 @@ func Dial(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsgSize)),
 	}
 	return grpc.NewClient(addr, append(base, opts...)...)
-}
-
-// NewTestClient dials addr and returns a client for mode; the connection is
-// closed when the test ends.
-func NewTestClient(tb testing.TB, addr string, mode Mode) *Client {
-	tb.Helper()
-	conn, err := Dial(addr)
-	if err != nil {
-		tb.Fatalf("envoytest: dial %s: %v", addr, err)
-	}
-	tb.Cleanup(func() { _ = conn.Close() })
-	c, err := NewClient(conn, mode)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return c
 }

@@ -1,4 +1,4 @@
-package envoytest
+package gateway
 
 import (
 	"io"

@@ -1,4 +1,4 @@
-package envoytest_test
+package gateway_test
 
 import (
 	"bufio"
@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/gateway"
 	"github.com/narwhal-llm/narwhal/wire"
 )
 
@@ -47,8 +48,8 @@ func placementServer(t *testing.T, dst string, ended chan<- error) string {
 				break
 			}
 			if pc := req.GetProtocolConfig(); pc != nil {
-				reqDuplex = pc.GetRequestBodyMode() == envoytest.FullDuplex
-				respDuplex = pc.GetResponseBodyMode() == envoytest.FullDuplex
+				reqDuplex = pc.GetRequestBodyMode() == gateway.FullDuplex
+				respDuplex = pc.GetResponseBodyMode() == gateway.FullDuplex
 			}
 			var replies []*extprocv3.ProcessingResponse
 			switch {
@@ -164,9 +165,9 @@ func readEvent(t *testing.T, br *bufio.Reader) string {
 }
 
 func TestGatewayStreamsSSE(t *testing.T) {
-	for _, mode := range []envoytest.Mode{
-		{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, ReceivingNamespaces: []string{"envoy.lb"}},
-		{RequestBody: envoytest.FullDuplex, ResponseBody: envoytest.FullDuplex, ReceivingNamespaces: []string{"envoy.lb"}},
+	for _, mode := range []gateway.Mode{
+		{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed, ReceivingNamespaces: []string{"envoy.lb"}},
+		{RequestBody: gateway.FullDuplex, ResponseBody: gateway.FullDuplex, ReceivingNamespaces: []string{"envoy.lb"}},
 	} {
 		t.Run(fmt.Sprintf("%v-%v", mode.RequestBody, mode.ResponseBody), func(t *testing.T) {
 			release := make(chan struct{})
@@ -201,7 +202,7 @@ func TestGatewayStreamsSSE(t *testing.T) {
 				t.Fatal(err)
 			}
 			oc := ocs[0]
-			if oc.Route != envoytest.RouteOriginalDst || oc.Upstream != engineAddr || oc.Status != 200 || oc.Cancelled || oc.Reset {
+			if oc.Route != gateway.RouteOriginalDst || oc.Upstream != engineAddr || oc.Status != 200 || oc.Cancelled || oc.Reset {
 				t.Errorf("outcome %+v", oc)
 			}
 			if got := oc.Placement.Get("X-Narwhal-Placement"); got != "aggregate" || oc.Destination != engineAddr {
@@ -209,7 +210,7 @@ func TestGatewayStreamsSSE(t *testing.T) {
 			}
 			rec := oc.Record
 			noViolations(t, rec)
-			if rec.Metadata("envoy.lb", wire.HeaderDestination) != engineAddr || !rec.RouteCacheCleared || rec.Phase != envoytest.PhaseDone {
+			if rec.Metadata("envoy.lb", wire.HeaderDestination) != engineAddr || !rec.RouteCacheCleared || rec.Phase != gateway.PhaseDone {
 				t.Errorf("record: metadata %v cleared %v phase %v", rec.DynamicMetadata, rec.RouteCacheCleared, rec.Phase)
 			}
 			if oc.Chunks < 2 {
@@ -225,7 +226,7 @@ func TestGatewayClientCancel(t *testing.T) {
 	engine := sseEngine(t, release, upstreamCancelled)
 	engineAddr := strings.TrimPrefix(engine.URL, "http://")
 	ended := make(chan error, 1)
-	mode := envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed}
+	mode := gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed}
 	gw, srv := envoytest.StartGateway(t, placementServer(t, engineAddr, ended), relaxed(mode))
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -273,8 +274,8 @@ func TestGatewayRouting(t *testing.T) {
 	_, engineAddr := named("engine")
 	_, defaultAddr := named("default")
 	addr, _ := envoytest.StartNullServer(t)
-	mode := envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed}
-	gw, srv := envoytest.StartGateway(t, addr, relaxed(mode), envoytest.WithDefaultUpstream(defaultAddr))
+	mode := gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed}
+	gw, srv := envoytest.StartGateway(t, addr, relaxed(mode), gateway.WithDefaultUpstream(defaultAddr))
 	_, bare := envoytest.StartGateway(t, addr, relaxed(mode))
 
 	cases := []struct {
@@ -283,16 +284,16 @@ func TestGatewayRouting(t *testing.T) {
 		path, dest string
 		status     int
 		body       string
-		route      envoytest.Route
+		route      gateway.Route
 	}{
-		{"no destination", srv, "/v1/completions", "", 503, "no healthy upstream", envoytest.RouteOriginalDst},
-		{"host name is not an IP", srv, "/v1/completions", "engine.local:8000", 503, "no healthy upstream", envoytest.RouteOriginalDst},
+		{"no destination", srv, "/v1/completions", "", 503, "no healthy upstream", gateway.RouteOriginalDst},
+		{"host name is not an IP", srv, "/v1/completions", "engine.local:8000", 503, "no healthy upstream", gateway.RouteOriginalDst},
 		// The header is not sanitised: a processor that does not overwrite
 		// it lets the client choose (the null server changes nothing).
-		{"client-supplied destination", srv, "/v1/completions", engineAddr, 200, "engine", envoytest.RouteOriginalDst},
-		{"unreachable engine", srv, "/v1/completions", "127.0.0.1:1", 503, "upstream connect error or disconnect/reset before headers. reset reason: connection failure", envoytest.RouteOriginalDst},
-		{"unprocessed path to default", srv, "/health", engineAddr, 200, "default", envoytest.RouteDefault},
-		{"unprocessed path, no default", bare, "/health", engineAddr, 404, "", envoytest.RouteNotFound},
+		{"client-supplied destination", srv, "/v1/completions", engineAddr, 200, "engine", gateway.RouteOriginalDst},
+		{"unreachable engine", srv, "/v1/completions", "127.0.0.1:1", 503, "upstream connect error or disconnect/reset before headers. reset reason: connection failure", gateway.RouteOriginalDst},
+		{"unprocessed path to default", srv, "/health", engineAddr, 200, "default", gateway.RouteDefault},
+		{"unprocessed path, no default", bare, "/health", engineAddr, 404, "", gateway.RouteNotFound},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -328,7 +329,7 @@ func TestGatewayRouting(t *testing.T) {
 
 func TestGatewayLocalReply(t *testing.T) {
 	addr := replyOnce(t, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{}}}, nil)
-	gw, srv := envoytest.StartGateway(t, addr, relaxed(envoytest.Mode{RequestBody: envoytest.Buffered}))
+	gw, srv := envoytest.StartGateway(t, addr, relaxed(gateway.Mode{RequestBody: gateway.Buffered}))
 	resp, err := srv.Client().Post(srv.URL+"/v1/completions", "application/json", strings.NewReader("{}"))
 	if err != nil {
 		t.Fatal(err)
@@ -338,7 +339,7 @@ func TestGatewayLocalReply(t *testing.T) {
 		t.Errorf("status %d, want Envoy's defaulted 200", resp.StatusCode)
 	}
 	ocs, _ := gw.WaitOutcomes(testCtx(t, 5*time.Second), 1)
-	if lr := ocs[0].LocalReply; lr == nil || !ocs[0].Record.Has(envoytest.ImmediateStatusDefaulted) || ocs[0].Route != envoytest.RouteNone {
+	if lr := ocs[0].LocalReply; lr == nil || !ocs[0].Record.Has(gateway.ImmediateStatusDefaulted) || ocs[0].Route != gateway.RouteNone {
 		t.Errorf("outcome %+v", ocs[0])
 	}
 }

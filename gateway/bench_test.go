@@ -1,4 +1,4 @@
-package envoytest_test
+package gateway_test
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/gateway"
 )
 
 // BenchmarkNullRoundTrip measures the floor cost of the ext_proc protocol:
@@ -20,17 +21,17 @@ import (
 // 64 (one shared connection, as Envoy's ext_proc cluster).
 func BenchmarkNullRoundTrip(b *testing.B) {
 	addr, _ := envoytest.StartNullServer(b)
-	c := envoytest.NewTestClient(b, addr, envoytest.Mode{RequestBody: envoytest.Buffered, MessageTimeout: 10 * time.Second})
+	c := envoytest.NewTestClient(b, addr, gateway.Mode{RequestBody: gateway.Buffered, MessageTimeout: 10 * time.Second})
 	body := bytes.Repeat([]byte("x"), 2048)
 	h := http.Header{}
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
-	hdrs := envoytest.NewRequestHeaders(http.MethodPost, "/v1/completions", "gateway.test", h)
+	hdrs := gateway.NewRequestHeaders(http.MethodPost, "/v1/completions", "gateway.test", h)
 
 	roundTrip := func(b *testing.B) time.Duration {
 		start := time.Now()
 		x := c.NewExchange(context.Background())
-		res, err := x.ProcessRequest(envoytest.Request{Headers: hdrs, Body: bytes.NewReader(body)})
+		res, err := x.ProcessRequest(gateway.Request{Headers: hdrs, Body: bytes.NewReader(body)})
 		x.Close()
 		if err != nil || res.LocalReply != nil || len(res.Body) != len(body) {
 			b.Fatalf("round trip: %v %+v", err, res.LocalReply)

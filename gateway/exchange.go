@@ -1,4 +1,4 @@
-package envoytest
+package gateway
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 
 // ErrStreamReset is returned by ProcessResponse when a local reply comes
 // after the response has started downstream: Envoy resets the stream then.
-var ErrStreamReset = errors.New("envoytest: local reply after the response started: stream reset")
+var ErrStreamReset = errors.New("gateway: local reply after the response started: stream reset")
 
 // Exchange drives the ext_proc stream of one HTTP request as Envoy's filter
 // does. Call ProcessRequest, then (unless it produced a local reply)
@@ -190,7 +190,7 @@ func validTransition(from, to Phase) bool {
 // this package, not in the server under test.
 func (x *Exchange) transition(to Phase) {
 	if !validTransition(x.phase, to) {
-		panic(fmt.Sprintf("envoytest: invalid phase transition %v → %v", x.phase, to))
+		panic(fmt.Sprintf("gateway: invalid phase transition %v → %v", x.phase, to))
 	}
 	x.phase = to
 }

@@ -1,4 +1,4 @@
-package envoytest
+package gateway
 
 import (
 	"errors"
@@ -60,14 +60,14 @@ func (m Mode) Validate() error {
 		switch d.mode {
 		case None, Streamed, Buffered, FullDuplex:
 		default:
-			errs = append(errs, fmt.Errorf("envoytest: %s %v is not supported", d.name, d.mode))
+			errs = append(errs, fmt.Errorf("gateway: %s %v is not supported", d.name, d.mode))
 		}
 	}
 	if m.FailureModeAllow && (m.RequestBody == FullDuplex || m.ResponseBody == FullDuplex) {
-		errs = append(errs, errors.New("envoytest: FULL_DUPLEX_STREAMED cannot be combined with failure_mode_allow: true"))
+		errs = append(errs, errors.New("gateway: FULL_DUPLEX_STREAMED cannot be combined with failure_mode_allow: true"))
 	}
 	if m.MessageTimeout < 0 {
-		errs = append(errs, errors.New("envoytest: negative message_timeout"))
+		errs = append(errs, errors.New("gateway: negative message_timeout"))
 	}
 	return errors.Join(errs...)
 }

@@ -1,4 +1,4 @@
-package envoytest
+package gateway
 
 import (
 	"fmt"
@@ -254,7 +254,7 @@ func (r *Record) Err() error {
 	for i, v := range r.Violations {
 		parts[i] = v.String()
 	}
-	return fmt.Errorf("envoytest: ext_proc violations: %s", strings.Join(parts, "; "))
+	return fmt.Errorf("gateway: ext_proc violations: %s", strings.Join(parts, "; "))
 }
 
 // Metadata returns the string value of key in namespace ns of the accepted

@@ -1,4 +1,4 @@
-package envoytest
+package gateway
 
 import (
 	"errors"
@@ -12,7 +12,7 @@ import (
 
 // ErrCancelled is returned (wrapped) when the downstream client went away,
 // or a body could not be read, during processing.
-var ErrCancelled = errors.New("envoytest: request cancelled")
+var ErrCancelled = errors.New("gateway: request cancelled")
 
 // Request is a downstream request as Envoy's connection manager hands it to
 // the ext_proc filter.
@@ -84,7 +84,7 @@ type ResponseWriter interface {
 // Violations in the Record.
 func (x *Exchange) ProcessRequest(req Request) (*RequestResult, error) {
 	if x.phase != PhaseIdle {
-		return nil, fmt.Errorf("envoytest: ProcessRequest in phase %v", x.phase)
+		return nil, fmt.Errorf("gateway: ProcessRequest in phase %v", x.phase)
 	}
 	d := &x.req
 	d.headers, d.noBody, d.held = req.Headers.Clone(), req.Body == nil, true
@@ -119,7 +119,7 @@ func (x *Exchange) ProcessResponse(resp Response, w ResponseWriter) error {
 	switch x.phase {
 	case PhaseRequestDone, PhaseDone, PhaseBypassed:
 	default:
-		return fmt.Errorf("envoytest: ProcessResponse in phase %v", x.phase)
+		return fmt.Errorf("gateway: ProcessResponse in phase %v", x.phase)
 	}
 	// Replies that arrived while the request was upstream.
 	x.pump()
