@@ -140,3 +140,33 @@ func effectiveOverride(target, base *extprocfilterv3.ProcessingMode) *extprocfil
 	}
 	return out
 }
+
+// ModeOf is the mode of an ext_proc filter as Envoy configures it: its body modes,
+// allow_mode_override, message_timeout, failure_mode_allow, untyped receiving namespaces, and
+// bufferLimit (the listener's per_connection_buffer_limit_bytes; 0 for Envoy's default). Header
+// modes must be SEND and trailer modes as Mode plays them.
+func ModeOf(f *extprocfilterv3.ExternalProcessor, bufferLimit int) (Mode, error) {
+	pm := f.GetProcessingMode()
+	m := Mode{
+		RequestBody:         pm.GetRequestBodyMode(),
+		ResponseBody:        pm.GetResponseBodyMode(),
+		AllowModeOverride:   f.GetAllowModeOverride(),
+		MessageTimeout:      f.GetMessageTimeout().AsDuration(),
+		FailureModeAllow:    f.GetFailureModeAllow(),
+		ReceivingNamespaces: f.GetMetadataOptions().GetReceivingNamespaces().GetUntyped(),
+		BufferLimit:         bufferLimit,
+	}
+	want := m.ProcessingMode()
+	or := func(v, def extprocfilterv3.ProcessingMode_HeaderSendMode) extprocfilterv3.ProcessingMode_HeaderSendMode {
+		if v == extprocfilterv3.ProcessingMode_DEFAULT {
+			return def
+		}
+		return v
+	}
+	send, skip := extprocfilterv3.ProcessingMode_SEND, extprocfilterv3.ProcessingMode_SKIP
+	if or(pm.GetRequestHeaderMode(), send) != want.RequestHeaderMode || or(pm.GetResponseHeaderMode(), send) != want.ResponseHeaderMode ||
+		or(pm.GetRequestTrailerMode(), skip) != want.RequestTrailerMode || or(pm.GetResponseTrailerMode(), skip) != want.ResponseTrailerMode {
+		return Mode{}, fmt.Errorf("gateway: processing_mode %v: headers must be SEND, trailers SKIP (SEND with FULL_DUPLEX_STREAMED)", pm)
+	}
+	return m, m.Validate()
+}

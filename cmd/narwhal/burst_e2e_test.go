@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/gateway"
 )
 
 // TestBurstMoveFigures measures what a move toward prefill buys through real engines (make
@@ -68,7 +69,7 @@ engines:
 	srv := start(t, "serve", "--config", writeConfig(t, cfg), "--decisions", decisions)
 	admin, extproc, _ := srv.serving(t)
 	waitFor(t, admin, 10*time.Second, "four active engines", allActive(4))
-	mode := envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, AllowModeOverride: true,
+	mode := gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed, AllowModeOverride: true,
 		MessageTimeout: time.Minute, ReceivingNamespaces: []string{"envoy.lb"}}
 	_, hs := envoytest.StartGateway(t, extproc, mode)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/gateway"
 	"github.com/narwhal-llm/narwhal/wire"
 )
 
@@ -32,14 +33,14 @@ func TestServeRoleControlEndToEnd(t *testing.T) {
 		return len(g["narwhal-prefill"]) == 1 && len(g["narwhal-decode"]) == 2
 	})
 
-	client := envoytest.NewTestClient(t, extprocAddr, envoytest.Mode{RequestBody: envoytest.Buffered,
-		ResponseBody: envoytest.Streamed, MessageTimeout: time.Minute, BufferLimit: 8 << 20})
-	hdrs := envoytest.NewRequestHeaders(http.MethodPost, "/v1/completions", "gw", http.Header{"Content-Type": {"application/json"}})
+	client := envoytest.NewTestClient(t, extprocAddr, gateway.Mode{RequestBody: gateway.Buffered,
+		ResponseBody: gateway.Streamed, MessageTimeout: time.Minute, BufferLimit: 8 << 20})
+	hdrs := gateway.NewRequestHeaders(http.MethodPost, "/v1/completions", "gw", http.Header{"Content-Type": {"application/json"}})
 	long := `{"model":"m","prompt":"` + strings.Repeat("word ", 12800) + `","max_tokens":8,"stream":true}` // ~16,000 tokens
-	ask := func() *envoytest.RequestResult {
+	ask := func() *gateway.RequestResult {
 		x := client.NewExchange(context.Background())
 		t.Cleanup(x.Close) // the response never comes: the request holds its engine until the end
-		res, err := x.ProcessRequest(envoytest.Request{Headers: hdrs, Body: strings.NewReader(long)})
+		res, err := x.ProcessRequest(gateway.Request{Headers: hdrs, Body: strings.NewReader(long)})
 		if err != nil || res.LocalReply != nil {
 			t.Fatalf("request: %+v %v", res, err)
 		}
@@ -94,13 +95,13 @@ func TestServeUrgentDroppedAndRetained(t *testing.T) {
 	cfg := controlConfig(engines, 1, 1, "slo: {ttft_s: 0.3}") // a second to see the burst drain, even on a loaded machine
 	admin, extprocAddr, _ := start(t, "serve", "--config", writeConfig(t, cfg)).serving(t)
 	waitFor(t, admin, 10*time.Second, "three active engines", allActive(3))
-	client := envoytest.NewTestClient(t, extprocAddr, envoytest.Mode{RequestBody: envoytest.Buffered,
-		ResponseBody: envoytest.Streamed, MessageTimeout: time.Minute, BufferLimit: 8 << 20})
-	hdrs := envoytest.NewRequestHeaders(http.MethodPost, "/v1/completions", "gw", http.Header{"Content-Type": {"application/json"}})
+	client := envoytest.NewTestClient(t, extprocAddr, gateway.Mode{RequestBody: gateway.Buffered,
+		ResponseBody: gateway.Streamed, MessageTimeout: time.Minute, BufferLimit: 8 << 20})
+	hdrs := gateway.NewRequestHeaders(http.MethodPost, "/v1/completions", "gw", http.Header{"Content-Type": {"application/json"}})
 	long := `{"model":"m","prompt":"` + strings.Repeat("word ", 12800) + `","max_tokens":8,"stream":true}` // ~16,000 tokens: 0.38 s of prefill
 	x := client.NewExchange(context.Background())
 	t.Cleanup(x.Close)
-	if res, err := x.ProcessRequest(envoytest.Request{Headers: hdrs, Body: strings.NewReader(long)}); err != nil || res.LocalReply != nil {
+	if res, err := x.ProcessRequest(gateway.Request{Headers: hdrs, Body: strings.NewReader(long)}); err != nil || res.LocalReply != nil {
 		t.Fatalf("first: %+v %v", res, err)
 	}
 	// The burst: one more request waits (and triggers), then its client goes away.
@@ -110,7 +111,7 @@ func TestServeUrgentDroppedAndRetained(t *testing.T) {
 		defer close(done)
 		y := client.NewExchange(ctx)
 		defer y.Close()
-		_, _ = y.ProcessRequest(envoytest.Request{Headers: hdrs, Body: strings.NewReader(long)})
+		_, _ = y.ProcessRequest(gateway.Request{Headers: hdrs, Body: strings.NewReader(long)})
 	}()
 	deadline := time.Now().Add(5 * time.Second)
 	for getInt(t, admin, "waiting") != 1 {
@@ -147,7 +148,7 @@ func TestServeUrgentDroppedAndRetained(t *testing.T) {
 		defer close(zdone)
 		z := client.NewExchange(zctx)
 		defer z.Close()
-		_, _ = z.ProcessRequest(envoytest.Request{Headers: hdrs, Body: strings.NewReader(long)})
+		_, _ = z.ProcessRequest(gateway.Request{Headers: hdrs, Body: strings.NewReader(long)})
 	}()
 	t.Cleanup(func() { zcancel(); <-zdone })
 	if d := urgent("retained"); d.Reason != "prefill_exceeds_slo" {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/gateway"
 	"github.com/narwhal-llm/narwhal/internal/etcdtest"
 )
 
@@ -103,7 +104,7 @@ func TestServeHATakeover(t *testing.T) {
 	// A stream Envoy sends to the standby anyway (its panic mode, when no replica passes the
 	// health check) is placed with the roles it follows, not refused.
 	_, bExtproc, _ := b.p.serving(t)
-	_, hs := envoytest.StartGateway(t, bExtproc, envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed,
+	_, hs := envoytest.StartGateway(t, bExtproc, gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed,
 		AllowModeOverride: true, MessageTimeout: time.Minute, ReceivingNamespaces: []string{"envoy.lb"}})
 	resp, err := http.Post(hs.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"hello","max_tokens":4}`))
 	if err != nil {
@@ -329,7 +330,7 @@ func TestHAKillUnderLoad(t *testing.T) {
 		tokens = 200 // output tokens a request: about a second on enginesim's default profile
 	)
 	_, cfg := haFleet(t, ttl, "/narwhal-load", "prefill", "prefill", "decode", "decode")
-	mode := envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, AllowModeOverride: true,
+	mode := gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed, AllowModeOverride: true,
 		MessageTimeout: time.Minute, ReceivingNamespaces: []string{"envoy.lb"}}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	type result struct {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/gateway"
 )
 
 // TestShutdownAnswersWaiting (issue 7, finding 7): SIGTERM with 200 requests waiting. Readiness
@@ -45,26 +46,26 @@ engines:
 	admin, extprocAddr, _ := srv.serving(t)
 	waitFor(t, admin, 10*time.Second, "serve up", allActive(2))
 
-	mode := envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, MessageTimeout: time.Minute}
+	mode := gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed, MessageTimeout: time.Minute}
 	client := envoytest.NewTestClient(t, extprocAddr, mode)
-	hdrs := envoytest.NewRequestHeaders(http.MethodPost, "/v1/completions", "gw", http.Header{"Content-Type": {"application/json"}})
+	hdrs := gateway.NewRequestHeaders(http.MethodPost, "/v1/completions", "gw", http.Header{"Content-Type": {"application/json"}})
 	body := `{"model":"m","prompt":"hello","max_tokens":4,"stream":true}`
 	// One placed request holds the only prefill slot (its response never comes) ...
 	first := client.NewExchange(context.Background())
 	defer first.Close()
-	if res, err := first.ProcessRequest(envoytest.Request{Headers: hdrs, Body: strings.NewReader(body)}); err != nil || res.LocalReply != nil {
+	if res, err := first.ProcessRequest(gateway.Request{Headers: hdrs, Body: strings.NewReader(body)}); err != nil || res.LocalReply != nil {
 		t.Fatalf("first: %+v %v", res, err)
 	}
 	// ... so that the next 200 wait.
-	results := make(chan *envoytest.LocalReply, waiting)
+	results := make(chan *gateway.LocalReply, waiting)
 	var wg sync.WaitGroup
 	for range waiting {
 		wg.Go(func() {
 			x := client.NewExchange(context.Background())
 			defer x.Close()
-			res, err := x.ProcessRequest(envoytest.Request{Headers: hdrs, Body: strings.NewReader(body)})
+			res, err := x.ProcessRequest(gateway.Request{Headers: hdrs, Body: strings.NewReader(body)})
 			if err != nil {
-				results <- &envoytest.LocalReply{Status: -1, Details: err.Error()}
+				results <- &gateway.LocalReply{Status: -1, Details: err.Error()}
 				return
 			}
 			results <- res.LocalReply

@@ -84,6 +84,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		newEngineSim(&g, stderr),
 		newAudit(stdout),
 		newSim(stdout, stderr),
+		newLoad(stdout, stderr),
 		newProfile(stdout, stderr),
 		newPreflight(stdout),
 		&cobra.Command{

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/gateway"
 )
 
 // rssBytes reads a process's resident set size from /proc.
@@ -62,9 +63,9 @@ engines:
 		body := []byte(`{"model":"m","prompt":"` + strings.Repeat("word ", 400) + `","max_tokens":128,"stream":true}`)
 		h := http.Header{}
 		h.Set("Content-Type", "application/json")
-		hdrs := envoytest.NewRequestHeaders(http.MethodPost, "/v1/completions", "gw", h)
-		mode := envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, MessageTimeout: 10 * time.Minute}
-		clients := make([]*envoytest.Client, conns)
+		hdrs := gateway.NewRequestHeaders(http.MethodPost, "/v1/completions", "gw", h)
+		mode := gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed, MessageTimeout: 10 * time.Minute}
+		clients := make([]*gateway.Client, conns)
 		for c := range clients {
 			clients[c] = envoytest.NewTestClient(b, extprocAddr, mode)
 		}
@@ -80,7 +81,7 @@ engines:
 					defer x.Close()
 					count.Add(1)
 					<-sem
-					if res, err := x.ProcessRequest(envoytest.Request{Headers: hdrs, Body: bytes.NewReader(body)}); err == nil && res.LocalReply == nil {
+					if res, err := x.ProcessRequest(gateway.Request{Headers: hdrs, Body: bytes.NewReader(body)}); err == nil && res.LocalReply == nil {
 						<-ctx.Done() // hold the placed request open
 					}
 				})

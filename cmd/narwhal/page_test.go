@@ -18,6 +18,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/gateway"
 )
 
 // browser starts headless Chromium (Debian's chromium, which `make browser` installs) for t.
@@ -72,7 +73,7 @@ func TestPage(t *testing.T) {
 	cfg := e2eConfig(anyPort, anyPort, anyPort, engines) + "admin: {history: {interval_s: 0.2}}\n"
 	adminAddr, extprocAddr, _ := start(t, "serve", "--config", writeConfig(t, cfg)).serving(t)
 	waitFor(t, adminAddr, 10*time.Second, "four active engines", allActive(4))
-	load(t, extprocAddr)
+	steadyLoad(t, extprocAddr)
 
 	ctx := browser(t)
 	problems := consoleProblems(t, ctx)
@@ -130,11 +131,11 @@ func TestPage(t *testing.T) {
 	}
 }
 
-// load sends streamed completions through the Envoy-faithful gateway, ten a second, until the
+// steadyLoad sends streamed completions through the Envoy-faithful gateway, ten a second, until the
 // test ends.
-func load(t *testing.T, extprocAddr string) {
+func steadyLoad(t *testing.T, extprocAddr string) {
 	t.Helper()
-	_, hs := envoytest.StartGateway(t, extprocAddr, envoytest.Mode{RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed,
+	_, hs := envoytest.StartGateway(t, extprocAddr, gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed,
 		AllowModeOverride: true, MessageTimeout: time.Minute, ReceivingNamespaces: []string{"envoy.lb"}})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

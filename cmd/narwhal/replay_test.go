@@ -13,6 +13,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/admin"
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/gateway"
 	"github.com/narwhal-llm/narwhal/router"
 	"github.com/narwhal-llm/narwhal/sim"
 	"github.com/narwhal-llm/narwhal/wire"
@@ -40,8 +41,8 @@ func TestTraceReplay(t *testing.T) {
 	adminAddr, extprocAddr, _ := start(t, "serve", "--config", writeConfig(t, cfg)).serving(t)
 	waitFor(t, adminAddr, 10*time.Second, "serve up", func(s stateView) bool { return len(s.Engines) == 4 })
 
-	mode := envoytest.Mode{
-		RequestBody: envoytest.Buffered, ResponseBody: envoytest.Streamed, AllowModeOverride: true,
+	mode := gateway.Mode{
+		RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed, AllowModeOverride: true,
 		MessageTimeout: 40 * time.Second, ReceivingNamespaces: []string{"envoy.lb"},
 	}
 	gw, hs := envoytest.StartGateway(t, extprocAddr, mode)

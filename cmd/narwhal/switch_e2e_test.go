@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/gateway"
 	"github.com/narwhal-llm/narwhal/wire"
 )
 
@@ -70,31 +71,31 @@ func stopAndAudit(t *testing.T, srv *proc, decisions string) string {
 // resident is a request the test holds on the engines: placed through ext_proc, its response
 // streamed by the test, so that the test says when it finishes.
 type resident struct {
-	res  *envoytest.RequestResult
+	res  *gateway.RequestResult
 	body *io.PipeWriter
 	done chan error
 }
 
 type discard struct{}
 
-func (discard) WriteHeaders(envoytest.Headers) error { return nil }
-func (discard) WriteBody([]byte) error               { return nil }
+func (discard) WriteHeaders(gateway.Headers) error { return nil }
+func (discard) WriteBody([]byte) error             { return nil }
 
 // decoding places a request and starts its streamed response (a first token): it is then a
 // decode resident of its decode engine until finish.
-func decoding(t *testing.T, client *envoytest.Client, prompt string) *resident {
+func decoding(t *testing.T, client *gateway.Client, prompt string) *resident {
 	t.Helper()
 	x := client.NewExchange(context.Background())
 	t.Cleanup(x.Close)
-	hdrs := envoytest.NewRequestHeaders(http.MethodPost, "/v1/completions", "gw", http.Header{"Content-Type": {"application/json"}})
-	res, err := x.ProcessRequest(envoytest.Request{Headers: hdrs, Body: strings.NewReader(`{"model":"m","prompt":"` + prompt + `","max_tokens":4,"stream":true}`)})
+	hdrs := gateway.NewRequestHeaders(http.MethodPost, "/v1/completions", "gw", http.Header{"Content-Type": {"application/json"}})
+	res, err := x.ProcessRequest(gateway.Request{Headers: hdrs, Body: strings.NewReader(`{"model":"m","prompt":"` + prompt + `","max_tokens":4,"stream":true}`)})
 	if err != nil || res.LocalReply != nil {
 		t.Fatalf("request: %+v %v", res, err)
 	}
 	pr, pw := io.Pipe()
 	r := &resident{res: res, body: pw, done: make(chan error, 1)}
 	go func() {
-		r.done <- x.ProcessResponse(envoytest.Response{Headers: envoytest.NewResponseHeaders(200, http.Header{"Content-Type": {"text/event-stream"}}), Body: pr}, discard{})
+		r.done <- x.ProcessResponse(gateway.Response{Headers: gateway.NewResponseHeaders(200, http.Header{"Content-Type": {"text/event-stream"}}), Body: pr}, discard{})
 	}()
 	if _, err := pw.Write([]byte(`data: {"choices":[{"index":0,"text":" a"}]}` + "\n\n")); err != nil {
 		t.Fatal(err)
@@ -145,8 +146,8 @@ func TestServeInPlaceSwitch(t *testing.T) {
 	admin, extprocAddr, xdsAddr := srv.serving(t)
 	waitFor(t, admin, 10*time.Second, "four active engines", allActive(4))
 	eds := adsWatch(t, xdsAddr)
-	client := envoytest.NewTestClient(t, extprocAddr, envoytest.Mode{RequestBody: envoytest.Buffered,
-		ResponseBody: envoytest.Streamed, AllowModeOverride: true, MessageTimeout: time.Minute, BufferLimit: 8 << 20})
+	client := envoytest.NewTestClient(t, extprocAddr, gateway.Mode{RequestBody: gateway.Buffered,
+		ResponseBody: gateway.Streamed, AllowModeOverride: true, MessageTimeout: time.Minute, BufferLimit: 8 << 20})
 
 	// A stream decoding on each decode engine (placement spreads them), then a long prompt that
 	// takes e1's only prefill slot (its decode reserved on one of them) and a second that waits:
@@ -162,17 +163,17 @@ func TestServeInPlaceSwitch(t *testing.T) {
 	long := strings.Repeat("word ", 12800) // ~16,000 tokens
 	first := client.NewExchange(context.Background())
 	t.Cleanup(first.Close)
-	hdrs := envoytest.NewRequestHeaders(http.MethodPost, "/v1/completions", "gw", http.Header{"Content-Type": {"application/json"}})
-	if res, err := first.ProcessRequest(envoytest.Request{Headers: hdrs, Body: strings.NewReader(`{"model":"m","prompt":"` + long + `","max_tokens":8,"stream":true}`)}); err != nil || res.Headers.Get(wire.HeaderPrefiller) != engines[0] {
+	hdrs := gateway.NewRequestHeaders(http.MethodPost, "/v1/completions", "gw", http.Header{"Content-Type": {"application/json"}})
+	if res, err := first.ProcessRequest(gateway.Request{Headers: hdrs, Body: strings.NewReader(`{"model":"m","prompt":"` + long + `","max_tokens":8,"stream":true}`)}); err != nil || res.Headers.Get(wire.HeaderPrefiller) != engines[0] {
 		t.Fatalf("first: %+v %v", res, err)
 	}
-	var second *envoytest.RequestResult
+	var second *gateway.RequestResult
 	var placedAt time.Time
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		x := client.NewExchange(context.Background())
 		t.Cleanup(x.Close)
-		res, err := x.ProcessRequest(envoytest.Request{Headers: hdrs, Body: strings.NewReader(`{"model":"m","prompt":"` + long + `","max_tokens":8,"stream":true}`)})
+		res, err := x.ProcessRequest(gateway.Request{Headers: hdrs, Body: strings.NewReader(`{"model":"m","prompt":"` + long + `","max_tokens":8,"stream":true}`)})
 		if err != nil || res.LocalReply != nil {
 			t.Errorf("second: %+v %v", res, err)
 			return
