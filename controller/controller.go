@@ -870,16 +870,21 @@ func cmpRank(a, b rank) int {
 }
 
 // readmit gives an engine that became active again the role whose pool the pricing says needs
-// it more: the split with it as prefill or as decode, whichever has the lower worst. A pinned
-// engine keeps its role.
+// it more: it changes role only when the split with it in the other role strictly improves on
+// the split with it in its own (lower worst by more than min_gain, as a regular move); on a
+// tie it keeps its role. A pinned engine keeps its role.
 func (c *Controller) readmit(s *state, e fleet.Engine) Decision {
 	d := c.base(s, CallerReadmission)
 	asPrefill, asDecode := moveEngine(s.cur, e.ID, ToPrefill), moveEngine(s.cur, e.ID, ToDecode)
 	ps, _ := s.view.Price(s.now, router.Query{Splits: []router.Split{asPrefill, asDecode}, StepS: c.cfg.Reactive.StepS})
 	pp, pd := ps[0], ps[1]
 	d.Candidates = []Priced{priced(asPrefill, pp, e.Role == fleet.Prefill, e.ID), priced(asDecode, pd, e.Role == fleet.Decode, e.ID)}
-	want, dir := fleet.Prefill, ToPrefill
-	if pd.Worst < pp.Worst {
+	gain := c.cfg.Thresholds.MinGain
+	want, dir := e.Role, ToPrefill
+	switch {
+	case e.Role == fleet.Decode && lower(pp.Worst, pp.Overload, pd.Worst, pd.Overload, gain):
+		want = fleet.Prefill
+	case e.Role == fleet.Prefill && lower(pd.Worst, pd.Overload, pp.Worst, pp.Overload, gain):
 		want, dir = fleet.Decode, ToDecode
 	}
 	if want == e.Role {
