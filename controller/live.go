@@ -208,9 +208,13 @@ func (l *Live) publish(d *Decision, took time.Duration) {
 		l.recent = l.recent[:RecentDecisions-1]
 	}
 	l.recent = append(l.recent, *d)
-	if d.Outcome != OutcomeRetained {
-		l.log.Info("role decision", "seq", d.Seq, "caller", d.Caller, "outcome", d.Outcome, "reason", d.Reason, "moves", d.Moves)
+	// Moves and blocks (advisory ones too) at info; the routine rest (retained, dropped, an
+	// advisory pass that would retain) at debug.
+	level := slog.LevelDebug
+	if d.Outcome == OutcomeMoved || d.Outcome == OutcomeBlocked || d.Outcome == OutcomeAdvisory && d.AdvisoryResult != "retained" {
+		level = slog.LevelInfo
 	}
+	l.log.Log(context.Background(), level, "role decision", "seq", d.Seq, "caller", d.Caller, "outcome", d.Outcome, "advisory_result", d.AdvisoryResult, "reason", d.Reason, "moves", d.Moves)
 	if l.observer != nil {
 		l.observer.ObserveDecision(d, took)
 	}

@@ -250,7 +250,14 @@ ladder:
 	for i, n := range ladder {
 		for k := range p.o.Repeats {
 			if time.Now().After(deadline) {
-				p.note("prefill: the budget ended the ladder before %d tokens", n)
+				switch {
+				case k > 0:
+					p.note("prefill: the budget ended the ladder at %d tokens, after %d of its %d repeats", n, k, p.o.Repeats)
+				case i > 0:
+					p.note("prefill: the budget ended the ladder after %d tokens (%d were next)", ladder[i-1], n)
+				default:
+					p.note("prefill: the budget ended the ladder before its first rung (%d tokens)", n)
+				}
 				break ladder
 			}
 			p.progress("prefill", i*p.o.Repeats+k, total, fmt.Sprintf("%d tokens", n))

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"text/tabwriter"
 	"time"
 
 	"github.com/narwhal-llm/narwhal/audit"
@@ -522,4 +523,36 @@ func ParseSweep(s string) ([]float64, error) {
 		out = append(out, math.Round((a+float64(k)*step)*1e6)/1e6)
 	}
 	return out, nil
+}
+
+// WriteTable prints the report as a small text table, a row per policy: attainment, goodput
+// (requests meeting the SLO per second of the span), TTFT and TPOT p99, role changes (per hour),
+// reversals per hour, damaged requests and guard violations; then the notes.
+func (r *Report) WriteTable(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "%s: %d requests over %.0f s, %d engines, SLO TTFT %g s, TPOT %g s\n", r.Trace, r.Requests, r.SpanS, r.Engines, r.SLO.TTFTS, r.SLO.TPOTS)
+	fmt.Fprintln(tw, "policy\tattainment\tgoodput req/s\tTTFT p99\tTPOT p99\tchanges (per h)\treversals/h\tdamaged\tviolations\t")
+	for _, p := range r.Policies {
+		name := p.Policy
+		if p.Split != "" {
+			name += " (" + p.Split + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%.3f\t%.1f\t%s\t%s\t%d (%.0f)\t%.1f\t%d\t%d\n", name, p.SLOAttainment, p.GoodputRPS,
+			pctText(p.TTFTS.P99), pctText(p.TPOTS.P99), p.RoleChanges, p.RoleChangesPerHour, p.ReversalsPerHour, p.DamagedRequests, p.GuardViolations)
+	}
+	tw.Flush()
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+}
+
+// pctText is a percentile in seconds for a table ("—" without samples).
+func pctText(s *float64) string {
+	switch {
+	case s == nil:
+		return "—"
+	case *s < 1:
+		return fmt.Sprintf("%.0f ms", *s*1000)
+	}
+	return fmt.Sprintf("%.2f s", *s)
 }

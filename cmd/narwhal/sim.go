@@ -69,7 +69,8 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return failureErr(err)
 			}
-			if err := writeOut(reportPath, stdout, func(w io.Writer) error { return writeJSON(w, rep) }); err != nil {
+			rep.WriteTable(stdout)
+			if err := writeOut(reportPath, nil, func(w io.Writer) error { return writeJSON(w, rep) }); err != nil {
 				return err
 			}
 			plot := func(w io.Writer) error { rep.WritePlot(w); return nil }
@@ -88,7 +89,7 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&cfgPath, "config", "", "the config (default: the embedded one)")
 	f.StringVar(&policies, "policy", "narwhal", "policies, comma-separated: narwhal, static, static:P, static:best, threshold, oracle:greedy")
-	f.StringVar(&reportPath, "report", "", "write the JSON report here (default: stdout)")
+	f.StringVar(&reportPath, "report", "", "write the JSON report here (stdout gets a table either way)")
 	f.StringVar(&decisionsPath, "decisions", "", "write every decision record here, as JSON lines with a \"policy\" field")
 	f.StringVar(&plotPath, "plot", "", "write an SVG here: offered rate, TTFT p99 against the SLO and the split over time, a row per policy; a FILE.html gets the live page's charts of the replay (a policy a view)")
 	f.StringVar(&sweepSpec, "sweep-rate", "", "A:B:STEP: replay at each rate scale from A to B and print each policy's attainment and goodput (the largest rate at 90% attainment)")

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,6 +38,13 @@ func TestSimCommand(t *testing.T) {
 		if p.Requests == 0 || p.SLOAttainment <= 0 || p.GuardViolations != 0 {
 			t.Errorf("policy %+v", p)
 		}
+		// Stdout is the table, a row per policy with its attainment; no JSON.
+		if row := p.Policy + " "; !strings.Contains(out, "\n"+row) || !strings.Contains(out, fmt.Sprintf("%.3f", p.SLOAttainment)) {
+			t.Errorf("stdout has no row for %s at %.3f:\n%s", p.Policy, p.SLOAttainment, out)
+		}
+	}
+	if strings.Contains(out, `"policies"`) {
+		t.Errorf("stdout carries the JSON report:\n%s", out)
 	}
 	f, err := os.Open(decisions)
 	if err != nil {
