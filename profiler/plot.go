@@ -37,9 +37,12 @@ func (r *Result) WritePlot(w io.Writer) {
 	for _, p := range r.Prefill {
 		xMax, yMax = math.Max(xMax, float64(p.PromptTokens)), math.Max(yMax, p.TTFTS)
 	}
+	if c := prof.Prefill; c != nil {
+		yMax = math.Max(yMax, c.Seconds(int(xMax)))
+	}
 	yMax *= 1.1
 	px := func(v float64) float64 { return left1 + panelW*v/xMax }
-	py := func(v float64) float64 { return top + panelH - panelH*math.Min(v/yMax, 1) }
+	py := func(v float64) float64 { return top + panelH - panelH*v/yMax }
 	frame(left1, "prefill: time to first token (s) against prompt tokens", "prompt tokens", "s", xMax, yMax)
 	for _, p := range r.Prefill {
 		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="2.5" fill="#4477aa"><title>%d tokens: %.4f s</title></circle>`+"\n", px(float64(p.PromptTokens)), py(p.TTFTS), p.PromptTokens, p.TTFTS)
@@ -52,34 +55,59 @@ func (r *Result) WritePlot(w io.Writer) {
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="#cc3311" stroke-width="1.5" points="%s"/>`+"\n", strings.Join(pts, " "))
 	}
-	// Decode.
+	// Decode. Batches whose prompts differ by a token or two (an engine counting a special token)
+	// are one series: one per prompt length asked for.
 	xMax, yMax = 1, 1e-3
 	var contexts []int
 	for _, d := range r.Decode {
 		xMax, yMax = math.Max(xMax, float64(d.Streams)), math.Max(yMax, d.StepS)
-		if !slices.Contains(contexts, d.PromptTokens) {
-			contexts = append(contexts, d.PromptTokens)
-		}
+		contexts = append(contexts, d.PromptTokens)
 	}
 	slices.Sort(contexts)
+	contexts = slices.Compact(contexts)
+	var groups []int // the first prompt length of each series
+	for _, c := range contexts {
+		if n := len(groups); n == 0 || float64(c) > 1.05*float64(groups[n-1])+2 {
+			groups = append(groups, c)
+		}
+	}
+	group := func(ctx int) int {
+		k := 0
+		for i, g := range groups {
+			if ctx >= g {
+				k = i
+			}
+		}
+		return k
+	}
+	// The fitted lines: the axis holds them too, so that none runs off the top.
+	curves := make([][]float64, len(groups))
+	if c := prof.Decode; c != nil {
+		for i, ctx := range groups {
+			for st := 1.0; st <= xMax; st++ {
+				v := c.StepSeconds(int(st), int(st*float64(ctx+r.decodeTokens()/2)))
+				curves[i] = append(curves[i], v)
+				yMax = math.Max(yMax, v)
+			}
+		}
+	}
 	yMax *= 1.1
 	dx := func(v float64) float64 { return left2 + panelW*v/xMax }
-	dy := func(v float64) float64 { return top + panelH - panelH*math.Min(v/yMax, 1) }
+	dy := func(v float64) float64 { return top + panelH - panelH*v/yMax }
 	frame(left2, "decode: step (s) against streams", "streams", "s", xMax, yMax)
 	colours := []string{"#4477aa", "#228833", "#ee7733", "#aa3377", "#66ccee"}
-	for i, ctx := range contexts {
+	for i, ctx := range groups {
 		col := colours[i%len(colours)]
 		fmt.Fprintf(&b, `<text x="%d" y="%d" fill="%s">prompt %d tokens</text>`+"\n", left2+8, top+16+14*i, col, ctx)
 		for _, d := range r.Decode {
-			if d.PromptTokens == ctx {
+			if group(d.PromptTokens) == i {
 				fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"><title>%d streams, %d KV tokens: %.5f s</title></circle>`+"\n", dx(float64(d.Streams)), dy(d.StepS), col, d.Streams, d.KVTokens, d.StepS)
 			}
 		}
-		if c := prof.Decode; c != nil {
+		if len(curves[i]) > 0 {
 			var pts []string
-			for s := 1.0; s <= xMax; s++ {
-				kv := int(s * float64(ctx+r.decodeTokens()/2))
-				pts = append(pts, fmt.Sprintf("%.1f,%.1f", dx(s), dy(c.StepSeconds(int(s), kv))))
+			for k, v := range curves[i] {
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", dx(float64(k+1)), dy(v)))
 			}
 			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.2" points="%s"/>`+"\n", col, strings.Join(pts, " "))
 		}

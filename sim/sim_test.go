@@ -412,12 +412,20 @@ func TestSweepFindsGoodput(t *testing.T) {
 	}
 }
 
-// The plot is one well-formed SVG with a row per policy and a mark per role change.
+// The plot is one well-formed SVG with a row per policy, labelled y scales and a mark per role
+// change.
 func TestPlotIsWellFormed(t *testing.T) {
 	reqs, changes := synthetic(t, Synthetic{Kind: "phases", RatePerS: 30, DurationS: 600, PhaseS: 200, Seed: 4})
 	rep := simulate(t, fleetConfig(t, 4, 2), reqs, "narwhal,static", changes)
 	var b bytes.Buffer
 	rep.WritePlot(&b)
+	svg := b.String()
+	// Every panel has a y scale: the rate's peak, TTFT decades around the SLO, the split's 0…N.
+	for _, label := range []string{">100 ms<", ">1 s<", ">0<", ">2<", ">4<", ">0 s<", ">600 s<"} {
+		if !strings.Contains(svg, label) {
+			t.Errorf("no axis label %s in the plot", label)
+		}
+	}
 	dec := xml.NewDecoder(&b)
 	rows, marks := 0, 0
 	for {

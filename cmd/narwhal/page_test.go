@@ -114,18 +114,11 @@ func TestPage(t *testing.T) {
 	if err := chromedp.Do(tctx, chromedp.Sleep(time.Second)); err != nil { // a second more of timeline in the picture
 		t.Fatal(err)
 	}
-	shot, err := chromedp.Run(tctx, chromedp.FullScreenshot(100))
-	if err != nil {
-		t.Fatal(err)
+	if out := os.Getenv("NARWHAL_SCREENSHOT"); out != "" {
+		shootTo(t, tctx, out)
+	} else {
+		shoot(t, tctx, "page.png")
 	}
-	out := os.Getenv("NARWHAL_SCREENSHOT")
-	if out == "" {
-		out = filepath.Join(t.TempDir(), "page.png")
-	}
-	if err := os.WriteFile(out, shot, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("screenshot: %s (%d bytes)", out, len(shot))
 	if p := problems(); len(p) > 0 {
 		t.Fatalf("the page logged problems:\n%s", strings.Join(p, "\n"))
 	}
@@ -194,6 +187,18 @@ func TestSimPage(t *testing.T) {
 	if err != nil || !strings.Contains(text, "Decision ") || !strings.Contains(text, "ttft_ratio") || !strings.Contains(text, "gate") {
 		t.Fatalf("the decision shown: %q %v", text, err)
 	}
+	// The TTFT axis holds every p99 (nothing clamped) and the SLO; time is seconds from the start
+	// of the replay, not a wall clock.
+	fit, err := chromedp.Run(tctx, chromedp.Evaluate[bool](`(() => { const top = +document.querySelector("#ttft").dataset.ymax;
+		const p99 = Math.max(...state.samples.map(s => s.ttft_s ? s.ttft_s.p99 : 0)); return top >= p99 && top >= state.slo.ttft_s; })()`))
+	if err != nil || !fit {
+		t.Errorf("the TTFT axis does not hold every p99 and the SLO (%v)", err)
+	}
+	ticks, err := chromedp.Run(tctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("#split text")].map(t => t.textContent).filter(s => / s$/.test(s))`))
+	if err != nil || len(ticks) != 5 || ticks[4] != "600 s" && ticks[4] != "570 s" {
+		t.Errorf("the split's time ticks %q (%v): want five, in seconds from the start", ticks, err)
+	}
+	shoot(t, tctx, "sim-page.png")
 	if p := problems(); len(p) > 0 {
 		t.Fatalf("the page logged problems:\n%s", strings.Join(p, "\n"))
 	}
@@ -214,4 +219,30 @@ func TestPageAdvisory(t *testing.T) {
 	if err != nil || !strings.HasPrefix(text, "Advisory mode: the controller records the moves it would make and makes none.") {
 		t.Fatalf("the banner: %q %v", text, err)
 	}
+}
+
+// shoot saves a screenshot of the browser's page as name in $NARWHAL_ARTIFACTS (the tests'
+// artifacts: look at each picture), or in the test's temporary directory.
+func shoot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	dir := os.Getenv("NARWHAL_ARTIFACTS")
+	if dir == "" {
+		dir = t.TempDir()
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	shootTo(t, ctx, filepath.Join(dir, name))
+}
+
+// shootTo saves a full-page screenshot at path.
+func shootTo(t *testing.T, ctx context.Context, path string) {
+	t.Helper()
+	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s (%d bytes)", path, len(shot))
 }
