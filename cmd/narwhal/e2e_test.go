@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -152,6 +153,9 @@ type stateView struct {
 	Decisions []struct {
 		Seq uint64 `json:"seq"`
 	} `json:"decisions"`
+	Counters struct {
+		Offers uint64 `json:"offers"`
+	} `json:"counters"`
 }
 
 func getState(admin string) (stateView, error) {
@@ -405,7 +409,8 @@ func TestRunScriptMatchesDefault(t *testing.T) {
 
 // TestRunScript runs what `make run` runs: the script brings up narwhal and the four engines of
 // the embedded default on their fixed ports, /narwhal/state shows four active engines (2
-// prefill, 2 decode), and an interrupt stops every process.
+// prefill, 2 decode), narwhal load's requests go through Narwhal, an engine killed is reported
+// and failed while the rest keep serving, and an interrupt stops every process.
 func TestRunScript(t *testing.T) {
 	script, err := filepath.Abs("../../scripts/run-local.sh")
 	if err != nil {
@@ -448,6 +453,25 @@ func TestRunScript(t *testing.T) {
 			t.Fatalf("make run: %s does not answer: %v", a, err)
 		}
 		_ = c.Close()
+	}
+	// narwhal load sends the demo workload through Narwhal: its offers climb.
+	waitFor(t, "127.0.0.1:9090", 20*time.Second, "make run: requests through narwhal", func(st stateView) bool { return st.Counters.Offers >= 20 })
+	// An engine killed: the script says so, Narwhal fails it and the rest keep serving.
+	if err := exec.Command("pkill", "-f", "enginesim --listen 127.0.0.1:8004").Run(); err != nil {
+		t.Fatalf("pkill e4: %v", err)
+	}
+	st = waitFor(t, "127.0.0.1:9090", 20*time.Second, "make run: e4 failed", func(st stateView) bool {
+		return slices.ContainsFunc(st.Engines, func(e engineView) bool { return e.ID == "e4" && e.Lifecycle == "failed" })
+	})
+	waitFor(t, "127.0.0.1:9090", 20*time.Second, "make run: requests still flowing", func(s stateView) bool { return s.Counters.Offers >= st.Counters.Offers+20 })
+	// (The engine finishes its in-flight streams before it exits.)
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(out.String(), "engine e4 (127.0.0.1:8004) exited"); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the script did not report e4's exit:\n%s", out.String())
+		}
+	}
+	if strings.Contains(out.String(), "stopping the rest") {
+		t.Fatalf("the script stopped on e4's exit:\n%s", out.String())
 	}
 	_ = cmd.Process.Signal(syscall.SIGINT)
 	done := make(chan error, 1)

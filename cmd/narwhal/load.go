@@ -46,16 +46,21 @@ func newLoad(stdout, stderr io.Writer) *cobra.Command {
 			if durationS > 0 { // the requests come sorted by arrival
 				reqs = reqs[:sort.Search(len(reqs), func(i int) bool { return reqs[i].ArrivalS >= durationS })]
 			}
-			filter, limit, err := bootstrap.ExtProcFilter(cfg, bootstrap.Options{BodyMode: bodyMode})
+			if extproc == "" {
+				extproc = loopback(cfg.Listen.ExtProc)
+			}
+			// The filter of the bootstrap envoy-config writes for this config, pointed at the
+			// ext_proc server played against (the addresses shape the clusters, not the filter;
+			// a listener on port 0 has none to write).
+			bc := *cfg
+			bc.Listen.ExtProc, bc.Listen.XDS = extproc, extproc
+			filter, limit, err := bootstrap.ExtProcFilter(&bc, bootstrap.Options{BodyMode: bodyMode})
 			if err != nil {
 				return usageErr(err)
 			}
 			mode, err := gateway.ModeOf(filter, limit)
 			if err != nil {
 				return failureErr(err)
-			}
-			if extproc == "" {
-				extproc = loopback(cfg.Listen.ExtProc)
 			}
 			if adminURL == "" {
 				adminURL = "http://" + loopback(cfg.Listen.Admin)
