@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -75,8 +76,35 @@ func New(o Options) *Server {
 	return s
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler. What no route serves (404, or 405 with its Allow header)
+// is answered as JSON too, like every other error.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if _, pattern := s.mux.Handler(r); pattern != "" {
+		s.mux.ServeHTTP(w, r)
+		return
+	}
+	st := &statusOnly{header: http.Header{}}
+	s.mux.ServeHTTP(st, r)
+	if allow := st.header.Get("Allow"); allow != "" {
+		w.Header().Set("Allow", allow)
+	}
+	switch st.code {
+	case http.StatusMethodNotAllowed:
+		writeError(w, st.code, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, st.header.Get("Allow")))
+	default:
+		writeError(w, http.StatusNotFound, "not_found", "no such path: "+r.URL.Path)
+	}
+}
+
+// statusOnly keeps the status and headers of the mux's own reply, and drops its text body.
+type statusOnly struct {
+	header http.Header
+	code   int
+}
+
+func (s *statusOnly) Header() http.Header         { return s.header }
+func (s *statusOnly) Write(p []byte) (int, error) { return len(p), nil }
+func (s *statusOnly) WriteHeader(code int)        { s.code = code }
 
 // SetReady sets what /readyz answers: ready once the config is loaded and every server
 // listens; not ready again while shutting down.
@@ -103,7 +131,9 @@ func (s *Server) Snapshot() State {
 	if s.o.Controller != nil {
 		w := s.o.Controller.Window()
 		st.EvidenceWindow = EvidenceWindow{Open: w.Open, OpenedAt: rfc3339(s.o.Start.Add(config.Seconds(w.OpenedAtS))), Arrivals: int(w.Arrivals)}
-		st.Decisions = s.o.Controller.Recent()
+		if d := s.o.Controller.Recent(); d != nil {
+			st.Decisions = d
+		}
 	}
 	var loads []router.EngineLoad
 	if s.o.Router != nil {

@@ -156,13 +156,14 @@ func TestEngineActions(t *testing.T) {
 		{"GET", "/narwhal/engines/e1/drain", 405, nil},
 		{"DELETE", "/narwhal/engines/e1/pin", 405, nil},
 		{"POST", "/narwhal/state", 405, nil},
+		{"GET", "/no/such/path", 404, nil},
 	}
 	for _, s := range steps {
 		code, body := fx.do(t, s.method, s.path, "")
 		if code != s.code {
 			t.Fatalf("%s %s: %d %s, want %d", s.method, s.path, code, body, s.code)
 		}
-		if code >= 400 && code != 405 && !strings.Contains(body, `"error"`) {
+		if code >= 400 && !strings.Contains(body, `"error"`) { // a 404 or 405 of no route too
 			t.Fatalf("%s %s: error body %q is not an error object", s.method, s.path, body)
 		}
 		if s.check != nil && !s.check(fx.state(t)) {

@@ -72,6 +72,7 @@ type EngineState struct {
 	DecodeResidents  int               `json:"decode_residents"` // streams decoding on it now
 	ReservedStreams  int               `json:"reserved_streams"` // streams placed on it still prefilling elsewhere
 	BusyUntilS       float64           `json:"busy_until_s"`
+	DrainS           float64           `json:"drain_s"` // projected time until everything on it is done
 	Correction       router.Correction `json:"correction"`
 	Passive          router.Passive    `json:"passive"` // passive health: upstream failures in a row, ejected
 	// Prepared marks the decode donor the controller is preparing for a move to prefill: no new
@@ -107,7 +108,7 @@ func fleetState(st *State, snap *fleet.Snapshot, loads []router.EngineLoad) {
 		es := engineState(&e)
 		if l := byID[e.ID]; l != nil {
 			es.PrefillResidents, es.DecodeResidents, es.ReservedStreams = l.PrefillResidents, l.DecodeResidents, l.ReservedStreams
-			es.BusyUntilS, es.Correction, es.Passive, es.Prepared = l.BusyUntilS, l.Correction, l.Passive, l.Prepared
+			es.BusyUntilS, es.DrainS, es.Correction, es.Passive, es.Prepared = l.BusyUntilS, l.DrainS, l.Correction, l.Passive, l.Prepared
 		}
 		st.Engines = append(st.Engines, es)
 	}

@@ -7,6 +7,7 @@ package load
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -259,8 +261,9 @@ func send(ctx context.Context, client *http.Client, url string, body []byte) res
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		line := sc.Bytes()
-		if !strings.HasPrefix(string(line), "data: {") {
+		// A token is a frame with text: not the usage frame (empty text, or no choices) that
+		// may end a stream.
+		if line := sc.Bytes(); !bytes.HasPrefix(line, []byte("data: {")) || !tokenText.Match(line) {
 			continue
 		}
 		last = time.Now()
@@ -280,6 +283,9 @@ func send(ctx context.Context, client *http.Client, url string, body []byte) res
 	}
 	return res
 }
+
+// tokenText matches a stream frame that carries generated text (completions or chat).
+var tokenText = regexp.MustCompile(`"(?:text|content)":"[^"]`)
 
 // ok reports a 200 with a first token.
 func (res result) ok() bool { return !res.failed && res.status == http.StatusOK && res.outputToken > 0 }

@@ -456,6 +456,17 @@ func TestRunScript(t *testing.T) {
 	}
 	// narwhal load sends the demo workload through Narwhal: its offers climb.
 	waitFor(t, "127.0.0.1:9090", 20*time.Second, "make run: requests through narwhal", func(st stateView) bool { return st.Counters.Offers >= 20 })
+	// The README's request through the gateway narwhal load serves on :8080 streams tokens.
+	resp, err := http.Post("http://127.0.0.1:8080/v1/completions", "application/json",
+		strings.NewReader(`{"model":"m","prompt":"hello","max_tokens":8,"stream":true}`))
+	if err != nil {
+		t.Fatalf("the README's curl through :8080: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || strings.Count(string(body), `"finish_reason":null`) != 8 {
+		t.Fatalf("the README's curl through :8080: %d\n%s", resp.StatusCode, body)
+	}
 	// An engine killed: the script says so, Narwhal fails it and the rest keep serving.
 	if err := exec.Command("pkill", "-f", "enginesim --listen 127.0.0.1:8004").Run(); err != nil {
 		t.Fatalf("pkill e4: %v", err)

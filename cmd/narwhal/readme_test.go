@@ -1,0 +1,235 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/narwhal-llm/narwhal/config"
+)
+
+// readme is the README's text.
+func readme(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// section is the README's text from the heading head to the next heading of its level or above.
+func section(t *testing.T, text, head string) string {
+	t.Helper()
+	i := strings.Index(text, "\n"+head+"\n")
+	if i < 0 {
+		t.Fatalf("README: no %q", head)
+	}
+	rest := text[i+len(head)+2:]
+	level := strings.Count(strings.Fields(head)[0], "#")
+	for _, m := range regexp.MustCompile(`(?m)^#+ `).FindAllStringIndex(rest, -1) {
+		if strings.Count(rest[m[0]:m[1]], "#") <= level {
+			return rest[:m[0]]
+		}
+	}
+	return rest
+}
+
+// The README's config table names keys of the schema, with the defaults the embedded default
+// has: each row's keys (`a.b`, `.c` continuing a.b's parent, `a.{b,c}`, `a.*` with `name value`
+// defaults) exist in the config, and every default given as a plain value equals the embedded
+// default's.
+func TestReadmeConfigTable(t *testing.T) {
+	cfg, err := config.LoadDefault()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tree map[string]any
+	b, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &tree); err != nil {
+		t.Fatal(err)
+	}
+	flat := map[string]string{}
+	var walk func(prefix string, v any)
+	walk = func(prefix string, v any) {
+		flat[prefix] = fmt.Sprint(v)
+		if m, ok := v.(map[string]any); ok {
+			for k, x := range m {
+				p := k
+				if prefix != "" {
+					p = prefix + "." + k
+				}
+				walk(p, x)
+			}
+		}
+	}
+	walk("", tree)
+	code := regexp.MustCompile("`([^`]*)`")
+	rows := 0
+	for _, line := range strings.Split(section(t, readme(t), "## Configuration"), "\n") {
+		cells := strings.Split(line, " | ")
+		if !strings.HasPrefix(line, "| `") || len(cells) < 3 {
+			continue
+		}
+		rows++
+		var keys []string
+		for _, m := range code.FindAllStringSubmatch(cells[0], -1) {
+			k := m[1]
+			switch {
+			case strings.HasPrefix(k, ".") && len(keys) > 0:
+				k = keys[0][:strings.LastIndexByte(keys[0], '.')] + k
+			case strings.Contains(k, "{"):
+				i, j := strings.IndexByte(k, '{'), strings.IndexByte(k, '}')
+				for _, alt := range strings.Split(k[i+1:j], ",") {
+					keys = append(keys, k[:i]+alt+k[j+1:])
+				}
+				continue
+			}
+			keys = append(keys, k)
+		}
+		defaults := code.FindAllStringSubmatch(cells[1], -1)
+		for _, k := range keys {
+			k = strings.TrimSuffix(strings.TrimSuffix(k, ".NAME"), "[]")
+			if _, ok := flat[strings.TrimSuffix(k, ".*")]; !ok {
+				t.Errorf("README config table: %s is not a config key", k)
+			}
+		}
+		switch {
+		case len(keys) == 1 && strings.HasSuffix(keys[0], ".*"):
+			prefix := strings.TrimSuffix(keys[0], "*")
+			for _, d := range defaults {
+				name, val, ok := strings.Cut(d[1], " ")
+				if want, found := flat[prefix+name]; ok && found && !strings.HasPrefix(val, "{") && want != val {
+					t.Errorf("README config table: %s%s defaults to %s, the embedded default has %s", prefix, name, val, want)
+				}
+			}
+		case len(keys) == len(defaults):
+			for i, k := range keys {
+				want, ok := flat[k]
+				got := strings.Trim(defaults[i][1], `"`)
+				if ok && !strings.HasPrefix(want, "map[") && !strings.HasPrefix(want, "[") && want != got {
+					t.Errorf("README config table: %s defaults to %q, the embedded default has %q", k, got, want)
+				}
+			}
+		}
+	}
+	if rows < 30 {
+		t.Fatalf("README config table: %d rows found", rows)
+	}
+}
+
+// The README's commands table names every command, and every flag it shows exists on its command.
+func TestReadmeCommands(t *testing.T) {
+	table := section(t, readme(t), "## Commands")
+	root := newRoot(nil, nil)
+	for _, c := range root.Commands() {
+		if c.Hidden || c.Name() == "help" || c.Name() == "completion" {
+			continue
+		}
+		if !strings.Contains(table, "`narwhal "+c.Name()) {
+			t.Errorf("README commands: no row for narwhal %s", c.Name())
+		}
+	}
+	row := regexp.MustCompile("(?m)^\\| `narwhal ([a-z-]+)([^`]*)`")
+	flag := regexp.MustCompile(`--([a-z][a-z0-9-]*)`)
+	for _, m := range row.FindAllStringSubmatch(table, -1) {
+		cmd, _, err := root.Find([]string{m[1]})
+		if err != nil || cmd == root {
+			t.Errorf("README commands: narwhal %s is not a command", m[1])
+			continue
+		}
+		for _, f := range flag.FindAllStringSubmatch(m[2], -1) {
+			if cmd.Flags().Lookup(f[1]) == nil && root.PersistentFlags().Lookup(f[1]) == nil {
+				t.Errorf("README commands: narwhal %s has no --%s", m[1], f[1])
+			}
+		}
+	}
+}
+
+// The README's /narwhal/state example has the shape of a live answer: every key it shows is in
+// the answer with the same JSON kind, and every key of the answer (and of an engine in it) is
+// in the example.
+func TestReadmeStateExample(t *testing.T) {
+	text := section(t, readme(t), "### `/narwhal/state`")
+	i, j := strings.Index(text, "```json\n"), strings.LastIndex(text, "```")
+	if i < 0 || j <= i {
+		t.Fatal("README: no JSON example of /narwhal/state")
+	}
+	var example map[string]any
+	if err := json.Unmarshal([]byte(strings.ReplaceAll(text[i+8:j], "{...}", "{}")), &example); err != nil {
+		t.Fatalf("README /narwhal/state example is not JSON: %v", err)
+	}
+	_, engines := startEngines(t, "prefill", "decode")
+	admin, _, _ := start(t, "serve", "--config", writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines))).serving(t)
+	waitFor(t, admin, 10*time.Second, "two active engines", allActive(2))
+	resp, err := http.Get("http://" + admin + "/narwhal/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var live map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&live); err != nil {
+		t.Fatal(err)
+	}
+	kind := func(v any) string { return fmt.Sprintf("%T", v) }
+	var same func(path string, ex, lv any)
+	same = func(path string, ex, lv any) {
+		switch e := ex.(type) {
+		case map[string]any:
+			l, ok := lv.(map[string]any)
+			if !ok {
+				t.Errorf("%s: an object in the README, %s live", path, kind(lv))
+				return
+			}
+			for k, v := range e {
+				if lvk, ok := l[k]; !ok {
+					t.Errorf("%s.%s: in the README, not in a live answer", path, k)
+				} else {
+					same(path+"."+k, v, lvk)
+				}
+			}
+		case []any:
+			l, ok := lv.([]any)
+			if !ok {
+				t.Errorf("%s: an array in the README, %s live", path, kind(lv))
+				return
+			}
+			if len(e) > 0 && len(l) > 0 {
+				same(path+"[0]", e[0], l[0])
+			}
+		default:
+			if lv != nil && kind(ex) != kind(lv) && !(kind(ex) == "string" && ex == "...") {
+				t.Errorf("%s: %s in the README, %s live", path, kind(ex), kind(lv))
+			}
+		}
+	}
+	same("state", example, live)
+	missing := func(path string, ex, lv map[string]any) {
+		var keys []string
+		for k := range lv {
+			if _, ok := ex[k]; !ok {
+				keys = append(keys, k)
+			}
+		}
+		slices.Sort(keys)
+		if len(keys) > 0 {
+			t.Errorf("%s: live keys the README example lacks: %v", path, keys)
+		}
+	}
+	missing("state", example, live)
+	ee, le := example["engines"].([]any), live["engines"].([]any)
+	if len(ee) > 0 && len(le) > 0 {
+		missing("state.engines[0]", ee[0].(map[string]any), le[0].(map[string]any))
+	}
+}
