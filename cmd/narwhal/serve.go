@@ -233,7 +233,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		}
 		wg.Go(func() { rep.lead(runCtx, f, take, lead, fail) })
 	}
-	p, d := countRoles(cfg)
+	p, d := 0, 0 // the roles serving starts with: the config's, or the durable state's
+	for _, e := range f.Snapshot().Engines {
+		if e.Role == fleet.Prefill {
+			p++
+		} else {
+			d++
+		}
+	}
 	log.Info("narwhal serving", "version", version, "admin", adminLn.Addr().String(),
 		"extproc", extprocLn.Addr().String(), "xds", xdsLn.Addr().String(), "engines", len(cfg.Engines), "prefill", p, "decode", d)
 
@@ -338,17 +345,6 @@ func closeAll(lns []net.Listener) {
 	for _, ln := range lns {
 		_ = ln.Close()
 	}
-}
-
-func countRoles(cfg *config.Config) (prefill, decode int) {
-	for _, e := range cfg.Engines {
-		if e.Role == config.RolePrefill {
-			prefill++
-		} else {
-			decode++
-		}
-	}
-	return prefill, decode
 }
 
 // unwrapOp drops net.OpError's repetition of the address: "bind: address already in use".

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -42,15 +43,37 @@ func TestServeKeepsItsStateAcrossRestarts(t *testing.T) {
 	if code, _ := srv.stop(t); code != 0 {
 		t.Fatalf("serve exited %d", code)
 	}
+	// A role the controller had moved (written here: e2 to decode) comes back too, and the
+	// start line says the split serve starts with, not the config's.
+	file := filepath.Join(stateDir, "narwhal-state.json")
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range doc["engines"].([]any) {
+		if e := e.(map[string]any); e["id"] == "e2" {
+			e["role"] = "decode"
+		}
+	}
+	if b, err = json.Marshal(doc); err != nil || os.WriteFile(file, b, 0o600) != nil {
+		t.Fatal(err)
+	}
 
 	srv = start(t, "serve", "--config", cfg)
 	admin, _, _ = srv.serving(t)
 	st := waitFor(t, admin, 5*time.Second, "the pin and the drain restored", kept)
-	if st.Split.Prefill != 2 || st.Split.Decode != 1 {
-		t.Fatalf("split %+v after the restart, want 2 prefill and 1 decode (e4 drained)", st.Split)
+	if st.Split.Prefill != 1 || st.Split.Decode != 2 || engineOf(st, "e2").Role != "decode" {
+		t.Fatalf("split %+v after the restart, want 1 prefill and 2 decode (e2 decode, e4 drained)", st.Split)
 	}
 	if !strings.Contains(srv.out.String(), "durable state restored") {
 		t.Fatalf("the log does not say the state was restored:\n%s", srv.out.String())
+	}
+	if line := logged(t, srv.out, "narwhal serving", "prefill", "decode"); line[0] != "1" || line[1] != "3" {
+		t.Fatalf("the start line says prefill=%s decode=%s, want the restored 1 and 3", line[0], line[1])
 	}
 	if code, _ := srv.stop(t); code != 0 {
 		t.Fatalf("serve exited %d", code)
@@ -66,7 +89,6 @@ func TestServeKeepsItsStateAcrossRestarts(t *testing.T) {
 		t.Fatalf("serve exited %d", code)
 	}
 
-	file := filepath.Join(stateDir, "narwhal-state.json")
 	for name, content := range map[string]string{
 		"corrupt":       "{\"version\": 1, \"engines\": [",
 		"another fleet": `{"version": 1, "written": "2026-12-01T00:00:00Z", "engines": [{"id": "x9", "role": "decode", "role_since": "2026-12-01T00:00:00Z", "moved": false, "lifecycle": "active", "lifecycle_since": "2026-12-01T00:00:00Z", "pinned": false, "held": false, "correction": {"prefill": 1, "decode": 1, "prefill_samples": 0, "decode_samples": 0}}], "controller": {"seq": 3, "confirmations": {"prefill_expand": 0, "prefill_consolidate": 0, "decode_expand": 0, "decode_consolidate": 0}, "evidence_window": {"opened_at": "2026-12-01T00:00:00Z", "arrivals": 0, "closed": false}}}`,
