@@ -159,10 +159,12 @@ func steadyLoad(t *testing.T, extprocAddr string) {
 // console error, offers every policy, draws the split with one mark per decision that moved, and
 // a click on a mark shows that decision: its reason, candidates and gates.
 func TestSimPage(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "sim.html")
-	if log, code := runBin(t, "sim", "--synthetic", "phases", "--synthetic-rate", "30", "--synthetic-duration-s", "600", "--phase-s", "200",
-		"--policy", "narwhal,static", "--window-s", "30", "--plot", out, "--report", filepath.Join(t.TempDir(), "r.json")); code != 0 {
-		t.Fatalf("sim: exit %d\n%s", code, log)
+	out, svg := filepath.Join(t.TempDir(), "sim.html"), filepath.Join(t.TempDir(), "sim.svg")
+	for _, plot := range []string{out, svg} {
+		if log, code := runBin(t, "sim", "--synthetic", "phases", "--synthetic-rate", "30", "--synthetic-duration-s", "600", "--phase-s", "200",
+			"--policy", "narwhal,static", "--window-s", "30", "--plot", plot, "--report", filepath.Join(t.TempDir(), "r.json")); code != 0 {
+			t.Fatalf("sim: exit %d\n%s", code, log)
+		}
 	}
 	ctx := browser(t)
 	problems := consoleProblems(t, ctx)
@@ -199,6 +201,11 @@ func TestSimPage(t *testing.T) {
 		t.Errorf("the split's time ticks %q (%v): want five, in seconds from the start", ticks, err)
 	}
 	shoot(t, tctx, "sim-page.png")
+	// The SVG plot, as a browser draws it, for the artifacts.
+	if err := chromedp.Do(tctx, chromedp.Navigate("file://"+svg), chromedp.WaitReady(chromedp.CSS("polyline"))); err != nil {
+		t.Fatal(err)
+	}
+	shoot(t, tctx, "sim-plot.png")
 	if p := problems(); len(p) > 0 {
 		t.Fatalf("the page logged problems:\n%s", strings.Join(p, "\n"))
 	}
