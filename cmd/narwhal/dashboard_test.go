@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -50,9 +49,7 @@ func TestDashboardMetricsExist(t *testing.T) {
 		t.Fatalf("the datasource: %v", err)
 	}
 
-	_, engines := startEngines(t, "prefill", "decode")
-	adminAddr, _, _ := start(t, "serve", "--config", writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines))).serving(t)
-	waitFor(t, adminAddr, 10*time.Second, "two active engines", allActive(2))
+	adminAddr := serveActive(t, "prefill", "decode")
 	resp, err := http.Get("http://" + adminAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)

@@ -118,6 +118,16 @@ func writeConfig(t testing.TB, yaml string) string {
 	return path
 }
 
+// serveActive starts engines of the given roles and narwhal serve on e2eConfig, waits until
+// every engine is active, and returns the admin address.
+func serveActive(t testing.TB, roles ...string) string {
+	t.Helper()
+	_, engines := startEngines(t, roles...)
+	admin, _, _ := start(t, "serve", "--config", writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines))).serving(t)
+	waitFor(t, admin, 10*time.Second, fmt.Sprintf("%d active engines", len(roles)), allActive(len(roles)))
+	return admin
+}
+
 // e2eConfig is a config for four engines at the given addresses, with fast health timing.
 func e2eConfig(admin, extproc, xds string, engines []string) string {
 	var b strings.Builder

@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -170,9 +169,7 @@ func TestReadmeStateExample(t *testing.T) {
 	if err := json.Unmarshal([]byte(strings.ReplaceAll(text[i+8:j], "{...}", "{}")), &example); err != nil {
 		t.Fatalf("README /narwhal/state example is not JSON: %v", err)
 	}
-	_, engines := startEngines(t, "prefill", "decode")
-	admin, _, _ := start(t, "serve", "--config", writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines))).serving(t)
-	waitFor(t, admin, 10*time.Second, "two active engines", allActive(2))
+	admin := serveActive(t, "prefill", "decode")
 	resp, err := http.Get("http://" + admin + "/narwhal/state")
 	if err != nil {
 		t.Fatal(err)
