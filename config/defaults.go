@@ -36,7 +36,7 @@ func Default() *Config {
 				ConfirmPasses:     3,
 				MinGain:           0.05,
 				TrendTolerance:    0.1,
-				CooldownS:         30,
+				CooldownS:         20,
 				DwellS:            60,
 				FlipResidentGuard: 8,
 				OpenWindow:        OpenWindow{Expand: 1.2, Shrink: 0.25},
