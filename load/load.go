@@ -137,7 +137,7 @@ func Run(ctx context.Context, reqs []sim.Request, o Options) (*Summary, error) {
 			break
 		}
 		body := r.body(i, q)
-		r.sent(i)
+		r.sent()
 		wg.Go(func() { r.record(send(reqCtx, client, url, body)) })
 	}
 	wg.Wait()
@@ -210,7 +210,7 @@ type run struct {
 	roles   map[string]string // the engines' roles at the last look
 }
 
-func (r *run) sent(int) {
+func (r *run) sent() {
 	r.mu.Lock()
 	r.nsent++
 	r.mu.Unlock()
@@ -246,7 +246,7 @@ func (r *run) body(i int, q sim.Request) []byte {
 // send posts one request and reads its answer to the end.
 func send(ctx context.Context, client *http.Client, url string, body []byte) result {
 	begin := time.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(string(body)))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return result{failed: true}
 	}
