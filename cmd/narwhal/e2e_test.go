@@ -168,8 +168,11 @@ type stateView struct {
 	} `json:"counters"`
 }
 
-func getState(admin string) (stateView, error) {
-	var st stateView
+func getState(admin string) (stateView, error) { return getStateAs[stateView](admin) }
+
+// getStateAs reads /narwhal/state into a T (a view of the fields a test reads, or a map).
+func getStateAs[T any](admin string) (T, error) {
+	var st T
 	resp, err := http.Get("http://" + admin + "/narwhal/state")
 	if err != nil {
 		return st, err

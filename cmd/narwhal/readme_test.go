@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"regexp"
 	"slices"
@@ -170,13 +169,8 @@ func TestReadmeStateExample(t *testing.T) {
 		t.Fatalf("README /narwhal/state example is not JSON: %v", err)
 	}
 	admin := serveActive(t, "prefill", "decode")
-	resp, err := http.Get("http://" + admin + "/narwhal/state")
+	live, err := getStateAs[map[string]any](admin)
 	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var live map[string]any
-	if err := json.NewDecoder(resp.Body).Decode(&live); err != nil {
 		t.Fatal(err)
 	}
 	kind := func(v any) string { return fmt.Sprintf("%T", v) }
