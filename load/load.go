@@ -65,18 +65,11 @@ type Summary struct {
 	Attainment float64 `json:"attainment"`
 	// TTFT and TPOT are the OK requests' quantiles, seconds: TTFT from sending to the first
 	// token, TPOT the time after it over the tokens after the first.
-	TTFT Quantiles `json:"ttft_s"`
-	TPOT Quantiles `json:"tpot_s"`
+	TTFT sim.Percentiles `json:"ttft_s"`
+	TPOT sim.Percentiles `json:"tpot_s"`
 	// RoleChanges are the role changes the admin state showed during the run, in order.
 	RoleChanges []string `json:"role_changes,omitempty"`
 	WallS       float64  `json:"wall_s"`
-}
-
-// Quantiles of a measured quantity.
-type Quantiles struct {
-	P50 float64 `json:"p50"`
-	P90 float64 `json:"p90"`
-	P99 float64 `json:"p99"`
 }
 
 // result is one request's outcome, client-side.
@@ -339,8 +332,8 @@ func (r *run) progress(ctx context.Context, from *int) {
 	}
 	line := fmt.Sprintf("load: %4.0f s  sent %d  answered %d", time.Since(r.begin).Seconds(), sent, answered)
 	if len(recent) > 0 {
-		q := quantiles(ttfts)
-		line += fmt.Sprintf("  last %d: TTFT p50 %s p99 %s, attainment %.3f", len(recent), secs(q.P50), secs(q.P99), float64(met)/float64(len(recent)))
+		q := sim.PercentilesOf(ttfts)
+		line += fmt.Sprintf("  last %d: TTFT p50 %s p99 %s, attainment %.3f", len(recent), sim.SecondsText(q.P50), sim.SecondsText(q.P99), float64(met)/float64(len(recent)))
 	}
 	line += fmt.Sprintf("  overall attainment %.3f", all.Attainment)
 	if split != "" {
@@ -439,27 +432,8 @@ func (r *run) summaryLocked() Summary {
 	if n := s.Answered + s.Failed; n > 0 {
 		s.Attainment = float64(s.Met) / float64(n)
 	}
-	s.TTFT, s.TPOT = quantiles(ttft), quantiles(tpot)
+	s.TTFT, s.TPOT = sim.PercentilesOf(ttft), sim.PercentilesOf(tpot)
 	return s
-}
-
-// quantiles of xs (nearest rank; zeros for none).
-func quantiles(xs []float64) Quantiles {
-	if len(xs) == 0 {
-		return Quantiles{}
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	at := func(q float64) float64 { return s[min(len(s)-1, int(q*float64(len(s))))] }
-	return Quantiles{P50: at(0.5), P90: at(0.9), P99: at(0.99)}
-}
-
-// secs formats seconds for the progress line.
-func secs(s float64) string {
-	if s < 1 {
-		return fmt.Sprintf("%.0f ms", s*1000)
-	}
-	return fmt.Sprintf("%.2f s", s)
 }
 
 // WriteTable writes the summary as a small table.
@@ -470,8 +444,8 @@ func (s *Summary) WriteTable(w io.Writer) {
 	}
 	fmt.Fprintf(w, "), failed %d, in %.0f s\n", s.Failed, s.WallS)
 	fmt.Fprintf(w, "attainment %.3f (%d of %d within the SLO)\n", s.Attainment, s.Met, s.Answered+s.Failed)
-	fmt.Fprintf(w, "TTFT p50 %s  p90 %s  p99 %s\n", secs(s.TTFT.P50), secs(s.TTFT.P90), secs(s.TTFT.P99))
-	fmt.Fprintf(w, "TPOT p50 %s  p90 %s  p99 %s\n", secs(s.TPOT.P50), secs(s.TPOT.P90), secs(s.TPOT.P99))
+	fmt.Fprintf(w, "TTFT p50 %s  p90 %s  p99 %s\n", sim.SecondsText(s.TTFT.P50), sim.SecondsText(s.TTFT.P90), sim.SecondsText(s.TTFT.P99))
+	fmt.Fprintf(w, "TPOT p50 %s  p90 %s  p99 %s\n", sim.SecondsText(s.TPOT.P50), sim.SecondsText(s.TPOT.P90), sim.SecondsText(s.TPOT.P99))
 	fmt.Fprintf(w, "role changes: %d\n", len(s.RoleChanges))
 	for _, c := range s.RoleChanges {
 		fmt.Fprintf(w, "  %s\n", c)

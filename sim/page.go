@@ -102,7 +102,7 @@ func addRejection(o *router.Overflow, c router.Code) {
 
 // quantilesOf are the report's percentiles of v in a sample's shape (nil when empty).
 func quantilesOf(v []float64) *history.Quantiles {
-	p := percentiles(v)
+	p := PercentilesOf(v)
 	if p.P50 == nil {
 		return nil
 	}

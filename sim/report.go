@@ -273,10 +273,10 @@ func (rep *Report) summarize(cfg *config.Config, name string, s *run) (PolicyRep
 	}
 	pr.SLOAttainment = float64(met) / float64(max(len(s.out), 1))
 	pr.GoodputRPS = float64(met) / math.Max(rep.SpanS, 1)
-	pr.TTFTS, pr.TPOTS = percentiles(ttfts), percentiles(tpots)
+	pr.TTFTS, pr.TPOTS = PercentilesOf(ttfts), PercentilesOf(tpots)
 	for w := range pr.Windows {
 		pr.Windows[w].StartS = float64(w) * rep.WindowS
-		pr.Windows[w].TTFTP99 = percentiles(winTTFT[w]).P99
+		pr.Windows[w].TTFTP99 = PercentilesOf(winTTFT[w]).P99
 	}
 	// The split at each window's end, role changes in each.
 	p, d := initialSplit(s)
@@ -389,7 +389,8 @@ func timeToAdapt(changes []Change, moves []roleChange) *float64 {
 	return &v
 }
 
-func percentiles(xs []float64) Percentiles {
+// PercentilesOf is the nearest-rank p50, p90 and p99 of xs (sorted in place; nulls for none).
+func PercentilesOf(xs []float64) Percentiles {
 	if len(xs) == 0 {
 		return Percentiles{}
 	}
@@ -538,7 +539,7 @@ func (r *Report) WriteTable(w io.Writer) {
 			name += " (" + p.Split + ")"
 		}
 		fmt.Fprintf(tw, "%s\t%.3f\t%.1f\t%s\t%s\t%d (%.0f)\t%.1f\t%d\t%d\n", name, p.SLOAttainment, p.GoodputRPS,
-			pctText(p.TTFTS.P99), pctText(p.TPOTS.P99), p.RoleChanges, p.RoleChangesPerHour, p.ReversalsPerHour, p.DamagedRequests, p.GuardViolations)
+			SecondsText(p.TTFTS.P99), SecondsText(p.TPOTS.P99), p.RoleChanges, p.RoleChangesPerHour, p.ReversalsPerHour, p.DamagedRequests, p.GuardViolations)
 	}
 	tw.Flush()
 	for _, n := range r.Notes {
@@ -546,8 +547,8 @@ func (r *Report) WriteTable(w io.Writer) {
 	}
 }
 
-// pctText is a percentile in seconds for a table ("—" without samples).
-func pctText(s *float64) string {
+// SecondsText is a percentile in seconds for a table or a line ("—" without samples).
+func SecondsText(s *float64) string {
 	switch {
 	case s == nil:
 		return "—"
