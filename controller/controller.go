@@ -686,7 +686,7 @@ func (c *Controller) coverage(s *state, cand *candidate, l *router.EngineLoad, a
 
 func priced(s router.Split, p router.Pricing, current bool, move string) Priced {
 	return Priced{Prefill: len(s.Prefill), Decode: len(s.Decode), TTFTRatio: Ratio(p.TTFTRatio), TPOTRatio: Ratio(p.TPOTRatio),
-		Worst: Ratio(p.Worst), Current: current, Move: move, Settled: p.Settled, Overload: Ratio(p.Overload)}
+		Worst: Ratio(p.Worst), Current: current, Move: move, QueueWaitS: Ratio(p.QueueWaitS), Settled: p.Settled, Overload: Ratio(p.Overload)}
 }
 
 func ratio(r float64) string {

@@ -160,10 +160,14 @@ type scheduler struct {
 	maxStreams int // 0: unlimited
 	maxKV      int // 0: unlimited
 	sigma      float64
-	noiseSrc   *rand.PCG // noise's source, kept so that clone can copy its state
-	noise      *rand.Rand
-	trace      tracer
-	events     jobEvents // nil in the HTTP engine
+	// The prefill noise of a job is drawn from a source seeded by (noiseSeed, the job's id):
+	// the same job gets the same factor on whichever engine of the same seed prefills it, so
+	// that replays of one workload under different policies share their random numbers.
+	noiseSeed uint64
+	noiseSrc  *rand.PCG
+	noise     *rand.Rand
+	trace     tracer
+	events    jobEvents // nil in the HTTP engine
 	// lazy keeps the decode batch without touching every resident at every step (the
 	// virtual-time Model: no handler watches each token). A resident's progress is the steps
 	// since it joined; a step touches only the streams that start or finish in it. The
@@ -190,10 +194,11 @@ type scheduler struct {
 
 func newScheduler(p config.Profile, sigma float64, seed int64) *scheduler {
 	s := &scheduler{
-		prefill:  p.Prefill,
-		decode:   p.Decode,
-		sigma:    sigma,
-		noiseSrc: rand.NewPCG(uint64(seed), 0x6e6f697365), // "noise"
+		prefill:   p.Prefill,
+		decode:    p.Decode,
+		sigma:     sigma,
+		noiseSeed: uint64(seed),
+		noiseSrc:  rand.NewPCG(0, 0),
 	}
 	s.noise = rand.New(s.noiseSrc)
 	if p.Decode != nil {
@@ -203,12 +208,11 @@ func newScheduler(p config.Profile, sigma float64, seed int64) *scheduler {
 }
 
 // clone returns an independent copy of a virtual-time scheduler (no tracer, no handlers): its
-// jobs, queue, batch, noise state and prefix cache copied, each job once wherever it is held.
+// jobs, queue, batch and prefix cache copied, each job once wherever it is held.
 func (s *scheduler) clone(events jobEvents) *scheduler {
 	c := *s
 	c.events = events
-	src := *s.noiseSrc
-	c.noiseSrc = &src
+	c.noiseSrc = rand.NewPCG(0, 0)
 	c.noise = rand.New(c.noiseSrc)
 	jobs := make(map[*job]*job, len(s.queue)+len(s.batch)+1)
 	cp := func(j *job) *job {
@@ -336,6 +340,7 @@ func (s *scheduler) begin(prevEnd, now time.Time) bool {
 		s.prefilling = h
 		secs := s.prefill.Seconds(h.prompt - s.cache.hit(h.prefix, h.prompt))
 		if s.sigma > 0 {
+			s.noiseSrc.Seed(s.noiseSeed^0x6e6f697365, h.id) // "noise"
 			secs *= math.Exp(s.sigma * s.noise.NormFloat64())
 		}
 		s.startStep(stepPrefill, prevEnd, now, secs)

@@ -23,8 +23,10 @@ type Pricing struct {
 	TPOTRatio float64 // largest projected seconds per output token / slo.tpot_s
 	Worst     float64 // max of the two
 	// ProbeTTFT is the projected TTFT of a request of mean size arriving after stepS, behind
-	// the waiting set and the priced demand of that horizon.
-	ProbeTTFT float64
+	// the waiting set and the priced demand of that horizon, plus QueueWaitS, the mean wait of
+	// Poisson arrivals of the priced demand at the split's prefill pool (docs/role-control.md
+	// section 3).
+	ProbeTTFT, QueueWaitS float64
 	// RequestTTFT is the projected TTFT of Query.Request under the split: the waiting set
 	// ahead of it list-scheduled in FIFO order, then it, then the handoff (docs/role-control.md
 	// section 6 compares it for the current and the candidate split). RequestPrefill is its own
@@ -174,8 +176,21 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 			}
 		}
 		probe := sp.prefill.schedule(meanPrompt, probeAt) + sp.handoff - probeAt
+		// Arrivals come in Poisson clumps, not every 1/λ: the probe also waits the mean wait of
+		// the priced demand at the split's prefill pool taken as a queue (its engines as
+		// servers of the pool's mean prefill time of the mean prompt, their total rate kept).
+		var queue float64
+		if d.ArrivalsPerS > 0 && len(sp.pool) > 0 {
+			rate := 0.0
+			for _, i := range sp.pool {
+				rate += 1 / r.engines[i].prefillSeconds(meanPrompt)
+			}
+			svc := float64(len(sp.pool)) / rate
+			queue = poissonWait(len(sp.pool), d.ArrivalsPerS, svc)
+			probe += queue
+		}
 		step, overload := r.priceDecode(sp)
-		p := Pricing{TTFTRatio: max(sp.worstTTFT, probe) / r.slo.TTFTS, TPOTRatio: step / r.slo.TPOTS, ProbeTTFT: probe, Settled: settled, Overload: overload}
+		p := Pricing{TTFTRatio: max(sp.worstTTFT, probe) / r.slo.TTFTS, TPOTRatio: step / r.slo.TPOTS, ProbeTTFT: probe, QueueWaitS: queue, Settled: settled, Overload: overload}
 		p.Worst = max(p.TTFTRatio, p.TPOTRatio)
 		if target != nil {
 			p.RequestTTFT = sp.requestTTFT
@@ -490,4 +505,26 @@ func (r *Router) Clone() *Router {
 	c.aff = r.aff.clone()
 	c.outbox, c.ejections, c.urgent = slices.Clone(r.outbox), slices.Clone(r.ejections), r.urgent
 	return c
+}
+
+// poissonWait is the mean wait of Poisson arrivals at lambda per second at c servers of mean
+// service s seconds: an M/D/c queue, approximated as half the M/M/c wait (Erlang C; the
+// Allen–Cunneen approximation with deterministic service), at most s, and s when the servers
+// are saturated: beyond that the queue is a backlog, which the list-scheduled projection prices
+// (docs/role-control.md section 3).
+func poissonWait(c int, lambda, s float64) float64 {
+	a := lambda * s // offered load, in servers
+	switch {
+	case c <= 0 || a <= 0:
+		return 0
+	case a >= float64(c):
+		return s
+	}
+	b := 1.0 // Erlang B, by its recursion
+	for k := 1; k <= c; k++ {
+		b = a * b / (float64(k) + a*b)
+	}
+	rho := a / float64(c)
+	wait := b / (1 - rho + rho*b) // Erlang C: the chance an arrival waits
+	return min(s, 0.5*wait*s/(float64(c)-a))
 }

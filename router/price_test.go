@@ -305,3 +305,38 @@ func TestSnapshotDrainsAsFreeAt(t *testing.T) {
 		}
 	}
 }
+
+// TestPoissonWait holds the queueing term of the probe (docs/role-control.md section 3) to the
+// M/D/1 wait of Pollaczek–Khinchine, to half the M/M/2 wait, and to its bounds.
+func TestPoissonWait(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		c         int
+		lambda, s float64
+		want      float64
+	}{
+		{"M/D/1 at half load: ρs/2(1−ρ)", 1, 0.5, 1, 0.5},
+		{"M/D/1 at 0.2", 1, 0.2, 1, 0.125},
+		{"two servers at one erlang: half of C·s/(c−a) = (1/3)/1", 2, 1, 1, 1.0 / 6},
+		{"no arrivals", 4, 0, 0.3, 0},
+		{"no servers", 0, 3, 0.3, 0},
+		{"saturated: one service", 4, 20, 0.3, 0.3},
+		{"near saturation: at most one service", 1, 0.99, 1, 1},
+	} {
+		if got := poissonWait(tc.c, tc.lambda, tc.s); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("%s: poissonWait(%d, %g, %g) = %g, want %g", tc.name, tc.c, tc.lambda, tc.s, got, tc.want)
+		}
+	}
+	// More servers never wait longer, and more arrivals never wait less.
+	for c := 1; c < 64; c++ {
+		for l := 0.5; l < 80; l *= 1.3 {
+			w := poissonWait(c, l, 0.25)
+			if w2 := poissonWait(c+1, l, 0.25); w2 > w+1e-15 {
+				t.Fatalf("c=%d λ=%g: %g with one more server, %g without", c, l, w2, w)
+			}
+			if w3 := poissonWait(c, l*1.1, 0.25); w3 < w-1e-15 {
+				t.Fatalf("c=%d λ=%g: %g at 1.1λ, %g at λ", c, l, w3, w)
+			}
+		}
+	}
+}

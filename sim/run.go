@@ -158,7 +158,7 @@ func newRun(cfg *config.Config, p Policy, reqs []Request, seed int64, end time.T
 	for i, e := range cfg.Engines {
 		prof := cfg.Profiles[e.Profile]
 		se := &simEngine{id: e.ID, idx: i, up: true, prof: prof, owner: s}
-		mo := enginesim.ModelOptions{NoiseSigma: cfg.Sim.NoiseSigma, Seed: seed*1_000_003 + int64(i)}
+		mo := enginesim.ModelOptions{NoiseSigma: cfg.Sim.NoiseSigma, Seed: seed}
 		if prof.Decode != nil && s.blockTokens > 0 {
 			mo.PrefixBlocks, mo.BlockTokens = prof.Decode.MaxKVTokens/s.blockTokens, s.blockTokens
 		}

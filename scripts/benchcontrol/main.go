@@ -7,14 +7,17 @@ package main
 
 import (
 	"cmp"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/scripts/internal/benchdoc"
@@ -53,6 +56,7 @@ func main() {
 	root := flag.String("root", ".", "the repository root")
 	only := flag.String("only", "", "comma-separated row names (or prefixes) to run (default: all)")
 	write := flag.Bool("write", true, "write the table into docs/benchmarks.md (else only print it)")
+	reports := flag.String("reports", "", "a directory to write each row's sim report into, as JSON (for a closer look)")
 	flag.Parse()
 	started := time.Now()
 	cfg, err := config.LoadFile(filepath.Join(*root, "examples/sim/fleet-8.yaml"))
@@ -89,6 +93,11 @@ func main() {
 		rep, err := sim.Simulate(c, r.reqs, o)
 		if err != nil {
 			log.Fatalf("%s: %v", r.name, err)
+		}
+		if *reports != "" {
+			if err := writeReport(filepath.Join(*reports, fileName(r.name)), rep); err != nil {
+				log.Fatal(err)
+			}
 		}
 		var sw *sim.Sweep
 		if r.sweep {
@@ -146,7 +155,7 @@ func main() {
 			headroomRows++
 			gap := oracle.SLOAttainment - best.SLOAttainment
 			if closed := (n.SLOAttainment - best.SLOAttainment) / gap; closed < 0.5 {
-				miss = append(miss, fmt.Sprintf("closes %.0f%% of the oracle's gap", 100*closed))
+				miss = append(miss, fmt.Sprintf("closes %.1f%% of the oracle's gap", 100*closed))
 			}
 			if sw != nil && sw.Goodput["static:best"] > 0 && sw.Goodput["narwhal"] >= 1.25*sw.Goodput["static:best"] {
 				gainRows = append(gainRows, r.name)
@@ -339,4 +348,35 @@ func orNone(xs []string) string {
 		return "none"
 	}
 	return strings.Join(xs, ", ")
+}
+
+// writeReport writes a row's report as indented JSON (base.json) and its decision log
+// (base.decisions.jsonl), as narwhal sim --report and --decisions do.
+func writeReport(base string, rep *sim.Report) error {
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(base+".json", append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	f, err := os.Create(base + ".decisions.jsonl")
+	if err != nil {
+		return err
+	}
+	if err := rep.WriteDecisions(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// fileName is a row's name as a file name: letters and digits, the rest as '-'.
+func fileName(name string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 128 && (unicode.IsLetter(r) || unicode.IsDigit(r)) {
+			return r
+		}
+		return '-'
+	}, name)
 }
