@@ -464,7 +464,8 @@ func (c *Controller) base(s *state, caller string) Decision {
 }
 
 // decide turns gated candidate into an outcome: moved, blocked, or advisory. A move to prefill
-// that only flip_resident_guard blocks prepares its donor (Decision.Prepare), unless advisory.
+// that only flip_resident_guard or consolidation_evidence block prepares its donor
+// (Decision.Prepare), unless advisory.
 func (c *Controller) decide(s *state, d Decision, cand *candidate) Decision {
 	var failed []Gate
 	for _, g := range d.Gates {
@@ -475,7 +476,7 @@ func (c *Controller) decide(s *state, d Decision, cand *candidate) Decision {
 	if len(failed) > 0 {
 		d.Outcome = OutcomeBlocked
 		d.Reason += "; blocked by " + failed[0].Name
-		if len(failed) == 1 && failed[0].Name == GateFlipResidentGuard && !c.cfg.Advisory {
+		if prepares(failed) && !c.cfg.Advisory {
 			d.Prepare = cand.donor.ID
 			d.Reason += "; preparing " + d.Prepare
 		}
@@ -511,6 +512,19 @@ func (c *Controller) decide(s *state, d Decision, cand *candidate) Decision {
 		}
 	}
 	return d
+}
+
+// prepares reports whether a move toward prefill blocked by failed prepares its donor: when
+// only the donor's residents (flip_resident_guard) and the arrival evidence still open
+// (consolidation_evidence) stand in its way — both pass with time, and preparing, which only
+// steers new streams away from the donor, lets its streams drain meanwhile (section 7).
+func prepares(failed []Gate) bool {
+	for _, g := range failed {
+		if g.Name != GateFlipResidentGuard && g.Name != GateConsolidationEvidence {
+			return false
+		}
+	}
+	return len(failed) > 0
 }
 
 // advise marks a record of an advisory controller: the outcome it would have had.
