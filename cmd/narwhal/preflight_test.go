@@ -109,8 +109,11 @@ func TestPreflightNamesEachFailure(t *testing.T) {
 	if len(failed) != 5 {
 		t.Errorf("failed checks %v, want exactly those five", failed)
 	}
+	// The speeds are measured in real time on real processes: a busy machine slows them (2.48×
+	// seen for the decode of a truly 2× engine while a benchmark ran beside the tests), so the
+	// band is wide above and tight below, where a slow engine must not pass for a fast one.
 	for _, r := range rows {
-		if strings.HasSuffix(r.Check, "_speed") && r.Engine == "e3" && (r.Ratio < 1.6 || r.Ratio > 2.4) {
+		if strings.HasSuffix(r.Check, "_speed") && r.Engine == "e3" && (r.Ratio < 1.6 || r.Ratio > 3) {
 			t.Errorf("%s e3 at %.2f× its profile, truly 2×", r.Check, r.Ratio)
 		}
 	}
