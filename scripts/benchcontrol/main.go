@@ -56,7 +56,7 @@ func main() {
 	root := flag.String("root", ".", "the repository root")
 	only := flag.String("only", "", "comma-separated row names (or prefixes) to run (default: all)")
 	write := flag.Bool("write", true, "write the table into docs/benchmarks.md (else only print it)")
-	reports := flag.String("reports", "", "a directory to write each row's sim report into, as JSON (for a closer look)")
+	reports := flag.String("reports", "", "a directory to write each row's sim report (NAME.json) and narwhal's decision log (NAME.decisions.jsonl) into, for a closer look")
 	flag.Parse()
 	started := time.Now()
 	cfg, err := config.LoadFile(filepath.Join(*root, "examples/sim/fleet-8.yaml"))
