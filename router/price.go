@@ -180,13 +180,8 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 		// the priced demand at the split's prefill pool taken as a queue (its engines as
 		// servers of the pool's mean prefill time of the mean prompt, their total rate kept).
 		var queue float64
-		if d.ArrivalsPerS > 0 && len(sp.pool) > 0 {
-			rate := 0.0
-			for _, i := range sp.pool {
-				rate += 1 / r.engines[i].prefillSeconds(meanPrompt)
-			}
-			svc := float64(len(sp.pool)) / rate
-			queue = poissonWait(len(sp.pool), d.ArrivalsPerS, svc)
+		if n := len(sp.pool); d.ArrivalsPerS > 0 && n > 0 {
+			queue = poissonWait(n, d.ArrivalsPerS, float64(n)/sp.prefill.rate(meanPrompt))
 			probe += queue
 		}
 		step, overload := r.priceDecode(sp)
@@ -425,6 +420,17 @@ func (p *prefillSched) schedule(tokens int, arrival float64) float64 {
 		p.classes[best].heap.fix(done)
 	}
 	return done
+}
+
+// rate is how many prompts of tokens the pool prefills per second, its engines together (each
+// class priced with its first engine's factor, as schedule prices it).
+func (p *prefillSched) rate(tokens int) float64 {
+	r := 0.0
+	for i := range p.classes {
+		c := &p.classes[i]
+		r += float64(c.heap.len()) / (c.curve.Seconds(max(tokens, 1)) * c.corr)
+	}
+	return r
 }
 
 // decodeSched spreads streams over a decode pool as placement does: each to the engine with
