@@ -44,8 +44,9 @@ func (s *run) fork() *run {
 }
 
 // greedy replays oracle:greedy (docs/sim.md): at every window boundary it forks the whole
-// replay once per split 1…N−1 of the live engines, and once per pair of adjacent splits shared
-// (one engine alternating between the roles every step_s), sets it on each fork (the moves free
+// replay once per split 1…N−1 of the live engines, and, with share, once per pair of adjacent
+// splits shared (one engine alternating between the roles every step_s; oracle:split goes
+// without: one split held per window, the most a controller held by dwell could do), sets it on each fork (the moves free
 // and instant; residents stay where they are, as in a real move), runs each through the window,
 // and goes on from the fork whose window did best: judged a window later with its split kept (a
 // second fork, thrown away), the fewest of the requests arrived by then that missed the SLO for
@@ -57,7 +58,7 @@ func (s *run) fork() *run {
 // miss every such request) go to the smaller backlog then — requests admitted and without a
 // first token — and then to the split nearest the current one. A bound on what role control can reach, in practice: it knows the window's
 // traffic, moves for free and at once, and carries every consequence forward.
-func greedy(s *run, windowS float64, progress func(t float64)) (*run, error) {
+func greedy(s *run, windowS float64, share bool, progress func(t float64)) (*run, error) {
 	window := config.Seconds(windowS)
 	par := max(1, runtime.GOMAXPROCS(0))
 	for at := Epoch; ; at = at.Add(window) {
@@ -76,7 +77,7 @@ func greedy(s *run, windowS float64, progress func(t float64)) (*run, error) {
 		if n := len(live.prefill) + len(live.decode); n >= 2 {
 			for p := 1; p < n; p++ {
 				trials = append(trials, &trial{prefill: p})
-				if p+1 < n {
+				if share && p+1 < n {
 					trials = append(trials, &trial{prefill: p, shared: true})
 				}
 			}

@@ -23,11 +23,12 @@ const (
 	PolicyThreshold                          // the threshold planner baseline
 	PolicyStaticBest                         // the best static split, chosen after the fact
 	PolicyOracleGreedy                       // per window, the best split of a forked world, carried on
+	PolicyOracleSplit                        // oracle:greedy without shared splits: one split held per window
 )
 
 // Policy is one column of a replay's report.
 type Policy struct {
-	Name    string // as given: narwhal, static, static:P, static:best, threshold, oracle:greedy
+	Name    string // as given: narwhal, static, static:P, static:best, threshold, oracle:greedy, oracle:split
 	Kind    PolicyKind
 	Prefill int // static:P: the first P engines of the config prefill, the rest decode (-1: the config's roles)
 }
@@ -49,6 +50,8 @@ func ParsePolicies(list string, engines int) ([]Policy, error) {
 			p.Kind = PolicyThreshold
 		case name == "oracle:greedy":
 			p.Kind = PolicyOracleGreedy
+		case name == "oracle:split":
+			p.Kind = PolicyOracleSplit
 		case strings.HasPrefix(name, "static:"):
 			n, err := strconv.Atoi(strings.TrimPrefix(name, "static:"))
 			if err != nil || n < 1 || n >= engines {
@@ -56,7 +59,7 @@ func ParsePolicies(list string, engines int) ([]Policy, error) {
 			}
 			p.Kind, p.Prefill = PolicyStatic, n
 		default:
-			return nil, fmt.Errorf("policy %q: want narwhal, static, static:P, static:best, threshold or oracle:greedy", name)
+			return nil, fmt.Errorf("policy %q: want narwhal, static, static:P, static:best, threshold, oracle:greedy or oracle:split", name)
 		}
 		if slices.ContainsFunc(out, func(q Policy) bool { return q.Name == p.Name }) {
 			return nil, fmt.Errorf("policy %q given twice", name)

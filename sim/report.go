@@ -160,9 +160,10 @@ func Simulate(cfg *config.Config, reqs []Request, o Options) (*Report, error) {
 			if o.Progress != nil {
 				progress = func(t float64) { o.Progress(p.Name, t) }
 			}
-			if p.Kind == PolicyOracleGreedy {
-				s, err = greedy(s, o.WindowS, progress)
-			} else {
+			switch p.Kind {
+			case PolicyOracleGreedy, PolicyOracleSplit:
+				s, err = greedy(s, o.WindowS, p.Kind == PolicyOracleGreedy, progress)
+			default:
 				err = s.loop(progress)
 			}
 			if err != nil {

@@ -113,11 +113,11 @@ func TestStaticPoliciesHoldTheirSplit(t *testing.T) {
 }
 
 // static:best is the best static split; oracle:greedy, which may change the split at every
-// window, is at least as good.
+// window, is at least as good, and so is oracle:split, which holds one split through each window.
 func TestStaticBestAndOracle(t *testing.T) {
 	reqs, _ := synthetic(t, Synthetic{Kind: "phases", RatePerS: 30, DurationS: 240, PhaseS: 80, Seed: 2})
 	cfg := fleetConfig(t, 4, 2)
-	rep := simulate(t, cfg, reqs, "static:1,static:2,static:3,static:best,oracle:greedy", nil)
+	rep := simulate(t, cfg, reqs, "static:1,static:2,static:3,static:best,oracle:greedy,oracle:split", nil)
 	best := policy(t, rep, "static:best")
 	for _, name := range []string{"static:1", "static:2", "static:3"} {
 		if p := policy(t, rep, name); p.SLOAttainment > best.SLOAttainment {
@@ -137,6 +137,21 @@ func TestStaticBestAndOracle(t *testing.T) {
 	}
 	if len(splits) < 2 || oracle.RoleChanges == 0 {
 		t.Errorf("oracle:greedy kept one split through phases that want two: %v", oracle.Windows)
+	}
+	split := policy(t, rep, "oracle:split")
+	if split.SLOAttainment < best.SLOAttainment {
+		t.Errorf("oracle:split %.3f below static:best %.3f", split.SLOAttainment, best.SLOAttainment)
+	}
+	// One split per window: the only changes are the moves from the last window's split.
+	prev := 2
+	for _, w := range split.Windows {
+		if d := max(w.Prefill-prev, prev-w.Prefill); w.Changes != d {
+			t.Errorf("oracle:split window at %v s: %d role changes to go from %dP to %dP", w.StartS, w.Changes, prev, w.Prefill)
+		}
+		prev = w.Prefill
+	}
+	if split.RoleChanges == 0 {
+		t.Errorf("oracle:split kept one split through phases that want two: %v", split.Windows)
 	}
 }
 

@@ -88,13 +88,13 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfgPath, "config", "", "the config (default: the embedded one)")
-	f.StringVar(&policies, "policy", "narwhal", "policies, comma-separated: narwhal, static, static:P, static:best, threshold, oracle:greedy")
+	f.StringVar(&policies, "policy", "narwhal", "policies, comma-separated: narwhal, static, static:P, static:best, threshold, oracle:greedy, oracle:split")
 	f.StringVar(&reportPath, "report", "", "write the JSON report here (stdout gets a table either way)")
 	f.StringVar(&decisionsPath, "decisions", "", "write every decision record here, as JSON lines with a \"policy\" field")
 	f.StringVar(&plotPath, "plot", "", "write an SVG here: offered rate, TTFT p99 against the SLO and the split over time, a row per policy; a FILE.html gets the live page's charts of the replay (a policy a view)")
 	f.StringVar(&sweepSpec, "sweep-rate", "", "A:B:STEP: replay at each rate scale from A to B and print each policy's attainment and goodput (the largest rate at 90% attainment)")
 	f.Float64Var(&durationS, "duration-s", 0, "replay the first N seconds of the trace (after --rate-scale; 0: all)")
-	f.Float64Var(&windowS, "window-s", 60, "the width of the report's windows and of oracle:greedy's, seconds")
+	f.Float64Var(&windowS, "window-s", 60, "the width of the report's windows and of the oracles', seconds")
 	f.IntVar(&parallel, "parallel", 0, "replays run at once (0: all)")
 	wl.bind(f, "seed of the simulated engines' noise and of --spread-s")
 	return cmd
