@@ -31,8 +31,61 @@ type Config struct {
 	State          State              `yaml:"state" json:"state"`
 	HA             HA                 `yaml:"ha" json:"ha"`
 	Sim            Sim                `yaml:"sim" json:"sim"`
+	Discovery      Discovery          `yaml:"discovery" json:"discovery"`
 	Profiles       map[string]Profile `yaml:"profiles" json:"profiles"`
 	Engines        []Engine           `yaml:"engines" json:"engines"`
+}
+
+// Discovery configures the engines that join and leave the fleet at run time
+// (docs/discovery.md): from the admin API, a watched endpoints file, or Kubernetes. The
+// engines list stays the fixed part of the fleet.
+type Discovery struct {
+	// RoleLabel is the label that carries an engine's role: prefill, decode, or
+	// prefill-decode or none (the controller decides).
+	RoleLabel string `yaml:"role_label" json:"role_label"`
+	// ProfileLabel is the label that names an engine's profile; DefaultProfile is the profile
+	// of an engine without one ("": the only profile, when the config has one).
+	ProfileLabel   string `yaml:"profile_label" json:"profile_label"`
+	DefaultProfile string `yaml:"default_profile" json:"default_profile"`
+	// Switch is how discovered engines change role (SwitchRouting or SwitchSGLang).
+	Switch string        `yaml:"switch" json:"switch"`
+	File   DiscoveryFile `yaml:"file" json:"file"`
+}
+
+// DiscoveryFile watches an endpoints file in llm-d's file-discovery layout:
+// endpoints: [{name, address, port, labels}].
+type DiscoveryFile struct {
+	// Path is the file ("": no file discovery). Its directory is watched, so atomic renames
+	// and ConfigMap symlink swaps are seen.
+	Path string `yaml:"path" json:"path"`
+	// ResyncS: the file is read again this often even without a change notice.
+	ResyncS float64 `yaml:"resync_s" json:"resync_s"`
+}
+
+// Discovery labels (llm-d's conventions).
+const (
+	LabelRole         = "llm-d.ai/role"
+	LabelProfile      = "narwhal.dev/profile"
+	RolePrefillDecode = "prefill-decode"
+)
+
+// Dynamic reports whether engines may join at run time from a source other than the admin API.
+func (d *Discovery) Dynamic() bool { return d.File.Path != "" }
+
+// DiscoveredProfile is the profile of a discovered engine whose profile label is name ("" when it has
+// none): name, else DefaultProfile, else the config's only profile.
+func (c *Config) DiscoveredProfile(name string) string {
+	switch {
+	case name != "":
+		return name
+	case c.Discovery.DefaultProfile != "":
+		return c.Discovery.DefaultProfile
+	case len(c.Profiles) == 1:
+		for p := range c.Profiles {
+			return p
+		}
+	}
+	return ""
 }
 
 // State configures the durable state of a single instance (docs/durable-state.md).

@@ -747,3 +747,39 @@ func TestHAConfig(t *testing.T) {
 		}
 	}
 }
+
+// A fleet that comes from discovery may start with no engines; a member that joins at run time
+// is checked as a configured engine is, with a clear error.
+func TestDiscoveryAndMembers(t *testing.T) {
+	cfg := mustLoad(t, "discovery: {file: {path: /etc/narwhal/endpoints.yaml}}\n")
+	if len(cfg.Engines) != 0 || !cfg.Discovery.Dynamic() || cfg.Discovery.RoleLabel != LabelRole {
+		t.Fatalf("discovery = %+v, %d engines", cfg.Discovery, len(cfg.Engines))
+	}
+	if _, err := Load([]byte("discovery: {file: {path: x, resync_s: 0}, switch: teleport, default_profile: nope}\n")); err == nil ||
+		!strings.Contains(err.Error(), "discovery.switch") || !strings.Contains(err.Error(), "discovery.file.resync_s") || !strings.Contains(err.Error(), `unknown profile "nope"`) {
+		t.Fatalf("bad discovery: %v", err)
+	}
+	if got := cfg.DiscoveredProfile(""); got != DefaultProfileName {
+		t.Errorf("profile without a label = %q, want the only profile", got)
+	}
+	for _, tc := range []struct {
+		e    Engine
+		want string // "" = accepted
+	}{
+		{Engine{ID: "k1", Address: "10.0.0.1:8000", Role: "prefill", Profile: DefaultProfileName}, ""},
+		{Engine{ID: "k1", Address: "10.0.0.1:8000", Profile: DefaultProfileName}, ""},
+		{Engine{ID: "k 1", Address: "10.0.0.1:8000", Profile: DefaultProfileName}, "engine.id: must use only"},
+		{Engine{ID: "k1", Address: "10.0.0.1", Profile: DefaultProfileName}, "engine.address"},
+		{Engine{ID: "k1", Address: "10.0.0.1:8000", Profile: "big"}, `engine.profile: unknown profile "big"`},
+		{Engine{ID: "k1", Address: "10.0.0.1:8000", Role: "aggregate", Profile: DefaultProfileName}, "engine.role"},
+		{Engine{ID: "k1", Address: "10.0.0.1:8000", Profile: DefaultProfileName, Switch: "x"}, "engine.switch"},
+	} {
+		err := cfg.CheckMember(tc.e)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("CheckMember(%+v): %v", tc.e, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("CheckMember(%+v) = %v, want %q", tc.e, err, tc.want)
+		}
+	}
+}

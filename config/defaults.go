@@ -49,7 +49,9 @@ func Default() *Config {
 		HA:             HA{Etcd: Etcd{Endpoints: []string{}, Prefix: "/narwhal"}, LeaseTTLS: 5},
 		ShutdownGraceS: 30,
 		Sim:            Sim{NoiseSigma: 0.05, Truth: Truth{PrefillScale: 1, DecodeScale: 1}},
-		Profiles:       map[string]Profile{DefaultProfileName: DefaultProfile()},
+		Discovery: Discovery{RoleLabel: LabelRole, ProfileLabel: LabelProfile, Switch: SwitchRouting,
+			File: DiscoveryFile{ResyncS: 30}},
+		Profiles: map[string]Profile{DefaultProfileName: DefaultProfile()},
 	}
 }
 

@@ -150,11 +150,62 @@ func (c *Config) check() findings {
 	k.ge("shutdown_grace_s", c.ShutdownGraceS, 0)
 	k.sim(c.Sim, c.Engines)
 	k.profiles(c.Profiles)
+	k.discovery(c)
+	if len(c.Engines) == 0 && c.Discovery.Dynamic() {
+		return k.out // the fleet comes from discovery: nothing to check yet
+	}
 	fleetOK := k.engines(c.Engines, c.Profiles)
-	if fleetOK {
+	if fleetOK && !c.Discovery.Dynamic() {
 		k.floors(c.Controller, c.Engines, c.Profiles)
 	}
 	return k.out
+}
+
+func (k *checker) discovery(c *Config) {
+	d := c.Discovery
+	k.oneOf("discovery.switch", d.Switch, SwitchRouting, SwitchSGLang)
+	if d.RoleLabel == "" {
+		k.add("discovery.role_label", nil, "must not be empty")
+	}
+	if d.ProfileLabel == "" {
+		k.add("discovery.profile_label", nil, "must not be empty")
+	}
+	if _, ok := c.Profiles[d.DefaultProfile]; d.DefaultProfile != "" && !ok {
+		k.add("discovery.default_profile", nil, "unknown profile %q; known: %s", d.DefaultProfile, knownList(sortedNames(c.Profiles)))
+	}
+	if d.File.Path != "" {
+		k.gt("discovery.file.resync_s", d.File.ResyncS, 0)
+	}
+}
+
+// CheckMember checks an engine that joins the fleet at run time (admin API, discovery): its id,
+// address, switch method, role (prefill, decode, or "" for the controller to decide: then its
+// profile must hold both) and profile, as the config's engines are checked.
+func (c *Config) CheckMember(e Engine) error {
+	var k checker
+	k.engineID("engine", e.ID, 0, map[string]int{})
+	k.engineAddress("engine", e, 0, map[string]int{}, []Engine{e})
+	if e.Switch != "" {
+		k.oneOf("engine.switch", e.Switch, SwitchRouting, SwitchSGLang)
+	}
+	if e.Role == "" {
+		if p, ok := c.Profiles[e.Profile]; ok && (!p.CanHold(RolePrefill) || !p.CanHold(RoleDecode)) {
+			k.add("engine.profile", nil, "profile %q cannot hold both roles, so the engine needs a role", e.Profile)
+		} else {
+			e.Role = RoleDecode // the profile check alone
+			k.engineRole("engine", e, c.Profiles)
+		}
+	} else {
+		k.engineRole("engine", e, c.Profiles)
+	}
+	if len(k.out) == 0 {
+		return nil
+	}
+	ps := make(problem.List, len(k.out))
+	for i, f := range k.out {
+		ps[i] = f.Problem
+	}
+	return ps
 }
 
 func (k *checker) ha(h HA) {

@@ -121,9 +121,7 @@ func (c *Controller) Tick(now time.Time, fl fleet.Snapshot, v View) (Decision, b
 			return c.record(d), true
 		}
 		c.nextMonitor, c.repaired = t+c.cfg.Monitor.IntervalS, false
-		for _, e := range fl.Engines {
-			c.lifecycles[e.ID] = e.Lifecycle
-		}
+		c.noteLifecycles(fl)
 	}
 	switch {
 	case c.urgent != nil && t >= c.urgent.due:
@@ -715,6 +713,29 @@ func seconds(s float64) string {
 		return "never (+Inf)"
 	}
 	return fmt.Sprintf("%.1fs", s)
+}
+
+// noteLifecycles records each engine's lifecycle at a monitor pass (readmission compares with
+// it) and forgets the engines that left the fleet. An engine that joined at run time in its
+// source's role is not noted until it is active: it is not readmitted, it starts in that role;
+// one that joined without a role (RoleOpen) is, and readmission gives it one.
+func (c *Controller) noteLifecycles(fl fleet.Snapshot) {
+	for _, e := range fl.Engines {
+		_, seen := c.lifecycles[e.ID]
+		switch {
+		case seen || e.Source == fleet.SourceConfig:
+			c.lifecycles[e.ID] = e.Lifecycle
+		case e.RoleOpen:
+			c.lifecycles[e.ID] = fleet.Recovering // readmitted once active, even if it is already
+		case e.Live():
+			c.lifecycles[e.ID] = e.Lifecycle
+		}
+	}
+	for id := range c.lifecycles {
+		if _, ok := fl.Find(id); !ok {
+			delete(c.lifecycles, id)
+		}
+	}
 }
 
 // evaluateMonitor is a monitor pass (docs/role-control.md, section 8): floor repair, then the

@@ -49,6 +49,15 @@ func (h *Health) Clone() *Health {
 	return c
 }
 
+// Retain forgets the streaks of the engines that are no longer in the fleet.
+func (h *Health) Retain(snap fleet.Snapshot) {
+	for id := range h.streaks {
+		if _, ok := snap.Find(id); !ok {
+			delete(h.streaks, id)
+		}
+	}
+}
+
 // Observe takes one probe result of engine e (as the fleet has it now) seen at now, and
 // returns the lifecycle it must move to (zero when none). The streak goes on from the change
 // when the caller applies it; a change made by anyone else restarts it.

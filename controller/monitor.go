@@ -175,8 +175,12 @@ func (m *Monitor) Pass(ctx context.Context) {
 		return // shutting down: a cancelled probe says nothing about the engine
 	}
 	now := m.clock.Now()
+	m.core.Retain(snap)
 	for i, r := range results {
 		id := snap.Engines[i].ID
+		if _, ok := m.fleet.Engine(id); !ok {
+			continue // removed while it was probed
+		}
 		if r.addr.IsValid() {
 			if _, err := m.fleet.SetAddr(id, r.addr, now); err != nil {
 				m.log.Warn("record resolved address", "engine", id, "err", err)

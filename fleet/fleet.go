@@ -80,7 +80,7 @@ func New(cfg *config.Config, now time.Time) (*Fleet, error) {
 		f.engines = append(f.engines, Engine{
 			ID: ce.ID, Address: ce.Address, Addr: ce.Address, Profile: ce.Profile, InPlace: ce.SwitchesInPlace(),
 			Role: role, Lifecycle: Active, Pinned: ce.Pinned,
-			RoleSince: now, LifecycleSince: now,
+			RoleSince: now, LifecycleSince: now, Source: SourceConfig,
 		})
 	}
 	return f, nil
@@ -213,7 +213,7 @@ func (f *Fleet) SetRole(id string, to Role, now time.Time, cause string) (Engine
 			return nil, err
 		}
 		ev := Event{Time: now, Kind: EventRole, Engine: e.ID, From: e.Role.String(), To: to.String(), Cause: cause}
-		e.Role, e.RoleSince, e.Moved = to, now, true
+		e.Role, e.RoleSince, e.Moved, e.RoleOpen = to, now, true, false
 		return []Event{ev}, nil
 	})
 }
@@ -285,7 +285,7 @@ func (f *Fleet) FinishSwitch(id string, result SwitchResult, now time.Time, deta
 		switch result {
 		case SwitchSucceeded:
 			evs = append(evs, Event{Time: now, Kind: EventRole, Engine: e.ID, From: e.Role.String(), To: e.SwitchTo.String(), Cause: e.SwitchCause})
-			e.Role, e.RoleSince, e.Moved = e.SwitchTo, now, true
+			e.Role, e.RoleSince, e.Moved, e.RoleOpen = e.SwitchTo, now, true, false
 			if switching {
 				ev, _ := setLifecycle(e, Active, now, "switch")
 				evs = append(evs, ev)
@@ -310,21 +310,30 @@ func (f *Fleet) FinishSwitch(id string, result SwitchResult, now time.Time, deta
 // Restore puts back the durable state of a previous run (docs/durable-state.md): for each
 // engine of saved that the fleet has, its role, role-since time and whether it ever moved, its
 // lifecycle and lifecycle-since time, its operator hold, and its pin (a pin the config sets
-// holds whatever was saved). Addresses and profiles stay as configured. It returns the ids of
-// saved that the fleet does not have (engines removed from the config since), and produces
-// one new version, with no events: nothing changed in the world, the fleet remembers.
-// Call it before anything reads the fleet.
+// holds whatever was saved). Addresses and profiles stay as configured. An engine added at
+// run time (Source other than config) comes back whole, address and profile included (its
+// source, if it has one, reconciles it later). It returns the ids of saved config engines that
+// the fleet does not have (removed from the config since), and produces one new version, with
+// no events: nothing changed in the world, the fleet remembers. Call it before anything reads
+// the fleet.
 func (f *Fleet) Restore(saved []Engine) (unknown []string, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, s := range saved {
-		i, ok := f.index[s.ID]
-		if !ok {
-			unknown = append(unknown, s.ID)
-			continue
-		}
 		if (s.Role != Prefill && s.Role != Decode) || s.Lifecycle < Active || s.Lifecycle > Switching || s.SwitchTo > Decode {
 			return nil, fmt.Errorf("%w: engine %s: saved role %v, lifecycle %v", ErrTransition, s.ID, s.Role, s.Lifecycle)
+		}
+		i, ok := f.index[s.ID]
+		switch {
+		case !ok && (s.Source == "" || s.Source == SourceConfig):
+			unknown = append(unknown, s.ID)
+			continue
+		case !ok:
+			s.Addr, s.SwitchAsked = s.Address, false
+			i = len(f.engines)
+			f.index[s.ID] = i
+			f.engines = append(f.engines, s)
+			continue
 		}
 		e := &f.engines[i]
 		e.Role, e.RoleSince, e.Moved = s.Role, s.RoleSince, s.Moved
@@ -335,6 +344,61 @@ func (f *Fleet) Restore(saved []Engine) (unknown []string, err error) {
 	f.version++
 	f.notify() // followers (the router, the xDS server) see the restored fleet
 	return unknown, nil
+}
+
+// Add puts an engine into the fleet at run time (docs/discovery.md), from source (admin, file,
+// kubernetes): recovering, so that it takes placements only once the health monitor has seen
+// it healthy for health.recover_s; in ce.Role, or, when ce.Role is empty, provisionally decode
+// and RoleOpen (the controller readmits it in the role pricing says is needed). ce must be a
+// checked member (config.CheckMember); an id or an address the fleet already has is refused.
+func (f *Fleet) Add(ce config.Engine, source string, now time.Time) (Engine, error) {
+	role, open := Decode, ce.Role == ""
+	if !open {
+		r, err := ParseRole(ce.Role)
+		if err != nil {
+			return Engine{}, err
+		}
+		role = r
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, dup := f.index[ce.ID]; dup {
+		return Engine{}, fmt.Errorf("%w: engine %s is in the fleet already", ErrTransition, ce.ID)
+	}
+	for _, o := range f.engines {
+		if o.Address == ce.Address {
+			return Engine{}, fmt.Errorf("%w: engine %s: address %s is engine %s's (from %s)", ErrTransition, ce.ID, ce.Address, o.ID, o.Source)
+		}
+	}
+	e := Engine{
+		ID: ce.ID, Address: ce.Address, Addr: ce.Address, Profile: ce.Profile, InPlace: ce.SwitchesInPlace(),
+		Role: role, RoleOpen: open, Lifecycle: Recovering, Pinned: ce.Pinned,
+		RoleSince: now, LifecycleSince: now, Source: source,
+	}
+	f.index[e.ID] = len(f.engines)
+	f.engines = append(f.engines, e)
+	f.commit(Event{Time: now, Kind: EventAdded, Engine: e.ID, To: role.String(), Cause: source, Address: e.Address, Profile: e.Profile})
+	return e, nil
+}
+
+// Remove takes an engine out of the fleet at once, whatever its lifecycle (its residents
+// finish where they are: the router keeps them, Envoy holds their connections). cause says
+// who asked.
+func (f *Fleet) Remove(id string, now time.Time, cause string) (Engine, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i, ok := f.index[id]
+	if !ok {
+		return Engine{}, fmt.Errorf("%w %q", ErrUnknownEngine, id)
+	}
+	e := f.engines[i]
+	f.engines = slices.Delete(f.engines, i, i+1)
+	delete(f.index, id)
+	for j := i; j < len(f.engines); j++ {
+		f.index[f.engines[j].ID] = j
+	}
+	f.commit(Event{Time: now, Kind: EventRemoved, Engine: id, From: e.Role.String(), Cause: cause})
+	return e, nil
 }
 
 // SetAddr records the resolved IP:port of an engine. The same address changes nothing.
@@ -377,6 +441,13 @@ func (f *Fleet) update(id string, fn func(*Engine) ([]Event, error)) (Engine, er
 		return f.engines[i], err
 	}
 	f.engines[i] = e
+	f.commit(evs...)
+	return e, nil
+}
+
+// commit makes one new version of the changes evs describe (already applied), tells the
+// observers and wakes the subscribers; f.mu is held.
+func (f *Fleet) commit(evs ...Event) {
 	f.version++
 	for j := range evs {
 		evs[j].Version = f.version
@@ -385,7 +456,6 @@ func (f *Fleet) update(id string, fn func(*Engine) ([]Event, error)) (Engine, er
 		}
 	}
 	f.notify()
-	return e, nil
 }
 
 // notify wakes every subscriber (a pending wake-up is enough); f.mu is held.

@@ -334,3 +334,103 @@ func TestInPlaceSwitch(t *testing.T) {
 		t.Fatalf("abandoned: %+v %v", e, err)
 	}
 }
+
+// Engines join recovering, in their source's role or provisionally decode with the role open,
+// and leave whatever their lifecycle; every change is one version and one event, and the
+// snapshot keeps the fleet's order with the newcomers last.
+func TestAddRemove(t *testing.T) {
+	f := newFleet(t)
+	var evs []Event
+	f.OnChange(func(ev Event) { evs = append(evs, ev) })
+	at := t0.Add(time.Minute)
+	e, err := f.Add(config.Engine{ID: "e4", Address: "10.0.0.4:8000", Role: "prefill", Profile: config.DefaultProfileName}, "file", at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Role != Prefill || e.RoleOpen || e.Lifecycle != Recovering || e.Live() || e.Source != "file" || !e.LifecycleSince.Equal(at) || e.Moved {
+		t.Fatalf("added e4 = %+v", e)
+	}
+	open, err := f.Add(config.Engine{ID: "e5", Address: "10.0.0.5:8000", Profile: config.DefaultProfileName, Switch: config.SwitchSGLang}, "admin", at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if open.Role != Decode || !open.RoleOpen || !open.InPlace {
+		t.Fatalf("added e5 = %+v", open)
+	}
+	for _, bad := range []config.Engine{
+		{ID: "e1", Address: "10.0.0.9:8000", Role: "decode"},    // a name the fleet has
+		{ID: "e9", Address: "127.0.0.1:8002", Role: "decode"},   // e2's address
+		{ID: "e9", Address: "10.0.0.9:8000", Role: "aggregate"}, // no such role
+	} {
+		if _, err := f.Add(bad, "file", at); err == nil {
+			t.Errorf("Add(%+v) succeeded", bad)
+		}
+	}
+	if _, err := f.Remove("e2", at, "file"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Remove("e2", at, "file"); !errors.Is(err, ErrUnknownEngine) {
+		t.Fatalf("second Remove: %v", err)
+	}
+	s := f.Snapshot()
+	var ids []string
+	for _, e := range s.Engines {
+		ids = append(ids, e.ID)
+	}
+	if !slices.Equal(ids, []string{"e1", "e3", "e4", "e5"}) || s.Version != 4 {
+		t.Fatalf("engines %v at version %d", ids, s.Version)
+	}
+	if p, d := s.Split(); p != 1 || d != 1 {
+		t.Fatalf("split %d/%d: the newcomers are not live yet", p, d)
+	}
+	// Index follows the removal: e4 and e5 are still found and changed by id.
+	if _, err := f.SetLifecycle("e4", Active, at, "health"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.SetRole("e5", Prefill, at, "decision 1"); err != nil {
+		t.Fatal(err)
+	}
+	if e, _ := f.Engine("e5"); e.RoleOpen || e.Role != Prefill {
+		t.Fatalf("e5 after its role was set: %+v", e)
+	}
+	want := []string{"added e4 prefill file", "added e5 decode admin", "removed e2 decode file"}
+	for i, w := range want {
+		ev := evs[i]
+		if got := fmt.Sprintf("%s %s %s%s %s", ev.Kind, ev.Engine, ev.From, ev.To, ev.Cause); got != w {
+			t.Errorf("event %d = %q, want %q", i, got, w)
+		}
+	}
+	if evs[0].Address != "10.0.0.4:8000" || evs[0].Profile != config.DefaultProfileName {
+		t.Errorf("added event %+v", evs[0])
+	}
+	// An id removed can join again.
+	if _, err := f.Add(config.Engine{ID: "e2", Address: "10.0.0.2:8000", Role: "decode", Profile: config.DefaultProfileName}, "file", at); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A restart restores engines added at run time whole, and drops config engines the config no
+// longer has.
+func TestRestoreAdded(t *testing.T) {
+	f := newFleet(t)
+	at := t0.Add(time.Hour)
+	saved := []Engine{
+		{ID: "e1", Role: Decode, RoleSince: at, Moved: true, Lifecycle: Active, LifecycleSince: t0, Source: SourceConfig},
+		{ID: "old", Role: Decode, Lifecycle: Active, Source: SourceConfig},
+		{ID: "k1", Address: "10.1.0.1:8000", Profile: config.DefaultProfileName, Role: Prefill, Lifecycle: Active, RoleSince: at, LifecycleSince: at, Source: "kubernetes", SwitchAsked: true},
+	}
+	unknown, err := f.Restore(saved)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(unknown, []string{"old"}) {
+		t.Fatalf("unknown %v", unknown)
+	}
+	k1, ok := f.Engine("k1")
+	if !ok || k1.Addr != "10.1.0.1:8000" || k1.Role != Prefill || k1.Source != "kubernetes" || k1.SwitchAsked || !k1.Live() {
+		t.Fatalf("k1 = %+v", k1)
+	}
+	if _, err := f.Remove("k1", at, "kubernetes"); err != nil {
+		t.Fatal(err)
+	}
+}

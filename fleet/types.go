@@ -144,7 +144,16 @@ type Engine struct {
 	SwitchCause string
 	// SwitchAsked: the engine has been asked (AskSwitch). Not durable: a restart asks again.
 	SwitchAsked bool
+	// Source is where the engine comes from: SourceConfig (the config's engines list) or the
+	// source that added it at run time (Add: admin, file, kubernetes).
+	Source string
+	// RoleOpen: the engine joined without a role from its source; Role is provisional, and the
+	// controller gives it the role pricing says is needed when it becomes active (readmission).
+	RoleOpen bool
 }
+
+// SourceConfig is the Source of the config's engines.
+const SourceConfig = "config"
 
 // Live reports whether the engine takes new placements.
 func (e *Engine) Live() bool { return e.Lifecycle == Active }
@@ -160,6 +169,10 @@ const (
 	EventHold      EventKind = "hold"
 	EventAddress   EventKind = "address"
 	EventSwitch    EventKind = "switch" // the end of an in-place switch: Result says how
+	// EventAdded: an engine joined the fleet at run time (Add), recovering, in role To, at
+	// Address; EventRemoved: it left (Remove), in role From.
+	EventAdded   EventKind = "added"
+	EventRemoved EventKind = "removed"
 )
 
 // SwitchResult is how an in-place switch ended.
@@ -186,4 +199,6 @@ type Event struct {
 	Cause   string // who asked: "admin", "health", a decision sequence number...
 	// Result is how a switch ended (EventSwitch; From and To are its roles, Cause the detail).
 	Result SwitchResult
+	// Address is an added engine's configured address and Profile its profile (EventAdded).
+	Address, Profile string
 }

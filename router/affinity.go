@@ -1,6 +1,10 @@
 package router
 
-import "github.com/hashicorp/golang-lru/v2/simplelru"
+import (
+	"slices"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+)
 
 // holders are the engines that recently prefilled one prefix block, newest first.
 type holders struct {
@@ -105,5 +109,33 @@ func (a *affinity) record(prefix []uint64, e int16) {
 		}
 		hs.add(e)
 		a.lru.Add(h, hs)
+	}
+}
+
+// grow makes room for engines engines (one joined the fleet).
+func (a *affinity) grow(engines int) {
+	if a != nil && len(a.matched) < engines {
+		a.matched = append(a.matched, make([]int32, engines-len(a.matched))...)
+	}
+}
+
+// forget drops engine e from every block's holders (its slot goes to an engine that joined).
+func (a *affinity) forget(e int16) {
+	if a == nil {
+		return
+	}
+	for _, k := range a.lru.Keys() {
+		hs, _ := a.lru.Peek(k)
+		j := slices.Index(hs.engines[:hs.n], e)
+		if j < 0 {
+			continue
+		}
+		copy(hs.engines[j:hs.n], hs.engines[j+1:hs.n])
+		hs.n--
+		if hs.n == 0 {
+			a.lru.Remove(k)
+		} else {
+			a.lru.Add(k, hs) // Add on a present key updates it in place (its recency too)
+		}
 	}
 }

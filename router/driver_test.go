@@ -24,6 +24,8 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 //	fail id=r1 [at=S]       cancel id=r1 [at=S]       tick at=S
 //	lifecycle id=e1 to=failed|draining|recovering|active [at=S]
 //	role id=e3 to=prefill [at=S]
+//	add id=e4 role=prefill|decode|open [at=S]   (joins recovering: bring it up with lifecycle)
+//	remove id=e3 [at=S]
 //	state
 //	price prefill=e1,e2 decode=e3 [step=S] [at=S]
 //
@@ -38,6 +40,7 @@ type driver struct {
 	handles map[string]Handle
 	names   map[Handle]string
 	prefix  map[string]uint64
+	added   int // engines added (their addresses)
 }
 
 func newDriver(t testing.TB) *driver {
@@ -100,7 +103,7 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 		d.r.Tick(d.at(td))
 	case "shutdown":
 		d.r.Shutdown(d.at(td))
-	case "lifecycle", "role":
+	case "lifecycle", "role", "add", "remove":
 		d.fleetChange(td, &b)
 	case "state":
 		d.state(&b)
@@ -251,16 +254,29 @@ func (d *driver) outcome(id string, o Outcome) string {
 func (d *driver) fleetChange(td *datadriven.TestData, b *strings.Builder) {
 	var id, to string
 	td.ScanArgs(d.t, "id", &id)
-	td.ScanArgs(d.t, "to", &to)
+	if td.Cmd == "lifecycle" || td.Cmd == "role" {
+		td.ScanArgs(d.t, "to", &to)
+	}
 	now := d.at(td)
 	var err error
-	if td.Cmd == "role" {
+	switch td.Cmd {
+	case "add":
+		var role string
+		td.ScanArgs(d.t, "role", &role)
+		if role == "open" {
+			role = ""
+		}
+		d.added++
+		_, err = d.fleet.Add(config.Engine{ID: id, Address: fmt.Sprintf("10.0.1.%d:8000", d.added), Role: role, Profile: config.DefaultProfileName}, "test", now)
+	case "remove":
+		_, err = d.fleet.Remove(id, now, "test")
+	case "role":
 		role, perr := fleet.ParseRole(to)
 		if perr != nil {
 			d.t.Fatal(perr)
 		}
 		_, err = d.fleet.SetRole(id, role, now, "test")
-	} else {
+	default:
 		var l fleet.Lifecycle
 		for _, c := range fleet.Lifecycles {
 			if c.String() == to {

@@ -12,6 +12,7 @@ package router
 import (
 	"math"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
@@ -91,6 +92,9 @@ type engine struct {
 	failStreak int     // upstream failures in a row of requests sent to this engine
 	ejected    bool    // passive health took it out of placement; cleared once the fleet agrees
 	prepared   bool    // a decode donor being prepared (Prepare): new streams go elsewhere when they fit
+	// gone: the engine left the fleet. Its slot stays while residents hold its index (they
+	// finish where they are); a slot without residents takes the next engine that joins.
+	gone bool
 }
 
 func (e *engine) prefillSeconds(tokens int) float64 {
@@ -111,8 +115,9 @@ func (e *engine) fits(need int64) bool {
 
 // Router places requests. Create it with New.
 type Router struct {
-	cfg   config.Router
-	slo   config.SLO
+	cfg      config.Router
+	slo      config.SLO
+	profiles map[string]config.Profile
 	epoch time.Time
 	now   float64
 
@@ -161,29 +166,58 @@ type Router struct {
 }
 
 // New returns a router for a validated config and the fleet's engines at now (the router's
-// epoch). The fleet's engines are fixed for the router's life; their roles, lifecycles and
-// addresses change through SetFleet.
+// epoch). The engines, their roles, lifecycles and addresses then change through SetFleet.
 func New(cfg *config.Config, snap fleet.Snapshot, now time.Time) *Router {
 	r := &Router{
-		cfg: cfg.Router, slo: cfg.SLO, epoch: now,
+		cfg: cfg.Router, slo: cfg.SLO, epoch: now, profiles: cfg.Profiles,
 		byID:     make(map[string]int16, len(snap.Engines)),
 		demand:   newDemand(cfg.Router.Demand.ShortHorizonS, cfg.Router.Demand.LongHorizonS),
 		fallback: -1, decayAt: decayEveryS,
 	}
-	for i, fe := range snap.Engines {
-		r.byID[fe.ID] = int16(i)
-		prof := cfg.Profiles[fe.Profile]
-		r.engines = append(r.engines, engine{id: fe.ID, prof: prof, corr: [2]float64{1, 1}})
-		if prof.Decode != nil {
-			r.maxKV = max(r.maxKV, int64(prof.Decode.MaxKVTokens))
-		}
-	}
 	r.passive = cfg.Health.Passive.ConsecutiveFailures
 	if cfg.Router.PrefixAffinity.Enabled {
-		r.aff = newAffinity(cfg.Router.PrefixAffinity.Entries, cfg.Router.PrefixAffinity.BlockTokens, len(r.engines))
+		r.aff = newAffinity(cfg.Router.PrefixAffinity.Entries, cfg.Router.PrefixAffinity.BlockTokens, len(snap.Engines))
 	}
 	r.SetFleet(now, snap)
 	return r
+}
+
+// MaxEngines is the most engines a router tracks at once: the fleet's, and those that left
+// it while requests still held them.
+const MaxEngines = math.MaxInt16
+
+// join gives an engine that joined the fleet a slot: one left by an engine that is gone and
+// holds no request any more, else a new one. Its correction factors start at 1.
+func (r *Router) join(fe *fleet.Engine) (int16, bool) {
+	i := slices.IndexFunc(r.engines, func(e engine) bool {
+		return e.gone && e.prefilling == 0 && e.streams == 0
+	})
+	if i < 0 {
+		if len(r.engines) >= MaxEngines {
+			return 0, false
+		}
+		i = len(r.engines)
+		r.engines = append(r.engines, engine{})
+		r.aff.grow(len(r.engines))
+	} else {
+		r.aff.forget(int16(i)) // the prefixes the engine gone held are not the new one's
+	}
+	r.engines[i] = engine{id: fe.ID, prof: r.profiles[fe.Profile], corr: [2]float64{1, 1}}
+	r.byID[fe.ID] = int16(i)
+	return int16(i), true
+}
+
+// leave marks the engines the fleet no longer has gone: out of placement at once, their
+// residents finishing where they are.
+func (r *Router) leave(snap *fleet.Snapshot) {
+	for id, i := range r.byID {
+		if _, ok := snap.Find(id); ok {
+			continue
+		}
+		e := &r.engines[i]
+		e.gone, e.live, e.prepared, e.ejected, e.failStreak = true, false, false, false, 0
+		delete(r.byID, id)
+	}
 }
 
 // at converts a time to seconds since the epoch; time never goes back.
@@ -198,14 +232,21 @@ func (r *Router) at(now time.Time) float64 {
 // handed back to Tick is reached).
 func (r *Router) Time(s float64) time.Time { return config.TimeAt(r.epoch, s) }
 
-// SetFleet applies the fleet's roles, lifecycles and addresses. Residents stay where they are
-// (resident ownership); the projection of the waiting set is recomputed for the new pools.
+// SetFleet applies the fleet's members, roles, lifecycles and addresses: an engine that joined
+// gets a slot, one that left leaves placement at once. Residents stay where they are (resident
+// ownership); the projection of the waiting set is recomputed for the new pools.
 func (r *Router) SetFleet(now time.Time, snap fleet.Snapshot) {
 	t := r.at(now)
-	for _, fe := range snap.Engines {
+	if len(r.byID) != len(snap.Engines) || r.membersChanged(&snap) {
+		r.leave(&snap)
+	}
+	for k := range snap.Engines {
+		fe := &snap.Engines[k]
 		i, ok := r.byID[fe.ID]
 		if !ok {
-			continue
+			if i, ok = r.join(fe); !ok {
+				continue // MaxEngines: it takes no placements
+			}
 		}
 		e := &r.engines[i]
 		// Headers and envoy.lb metadata carry IP:port (ORIGINAL_DST needs an IP): an engine whose
@@ -222,10 +263,27 @@ func (r *Router) SetFleet(now time.Time, snap fleet.Snapshot) {
 		e.role, e.live, e.addr, e.drainOK = fe.Role, live, fe.Addr, false
 		e.prepared = e.prepared && e.role == fleet.Decode && e.live
 	}
+	r.maxKV = 0
+	for i := range r.engines {
+		if d := r.engines[i].prof.Decode; d != nil && !r.engines[i].gone {
+			r.maxKV = max(r.maxKV, int64(d.MaxKVTokens))
+		}
+	}
 	r.updateFallback(t)
 	r.rebuildPools()
 	r.reproject(t)
 	r.pump(t)
+}
+
+// membersChanged reports whether an engine the router tracks is not in snap (same count:
+// one left as another joined).
+func (r *Router) membersChanged(snap *fleet.Snapshot) bool {
+	for i := range snap.Engines {
+		if _, ok := r.byID[snap.Engines[i].ID]; !ok {
+			return true
+		}
+	}
+	return false
 }
 
 // Invalid counts an offer answered 400 or 413 (it goes no further).
@@ -1172,17 +1230,20 @@ func (r *Router) Snapshot(now time.Time) Snapshot {
 			AwaitingOutputTokens: r.awaitingOutput, Decoding: r.nDecoding,
 		},
 		Demand:  r.demand.estimate(t, r.expectedOutput()),
-		Engines: make([]EngineLoad, len(r.engines)),
+		Engines: make([]EngineLoad, 0, len(r.byID)),
 	}
 	s.Retained.Samples = r.demand.long.n
 	r.refreshDrains(t)
 	for i := range r.engines {
 		e := &r.engines[i]
-		s.Engines[i] = EngineLoad{
+		if e.gone {
+			continue
+		}
+		s.Engines = append(s.Engines, EngineLoad{
 			ID: e.id, PrefillResidents: e.prefilling, DecodeResidents: e.decoding, ReservedStreams: e.streams - e.decoding,
 			BusyUntilS: r.prefillFree(t, i) - t, DrainS: r.freeAt(t, i) - t, Correction: Correction{Prefill: e.corr[0], Decode: e.corr[1], PrefillSamples: e.samples[0], DecodeSamples: e.samples[1]},
 			Fallback: i == int(r.fallback), Prepared: e.prepared, Passive: Passive{ConsecutiveFailures: e.failStreak, Ejected: e.ejected},
-		}
+		})
 	}
 	if r.fallback >= 0 {
 		s.Fallback = r.engines[r.fallback].id
