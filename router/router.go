@@ -118,8 +118,8 @@ type Router struct {
 	cfg      config.Router
 	slo      config.SLO
 	profiles map[string]config.Profile
-	epoch time.Time
-	now   float64
+	epoch    time.Time
+	now      float64
 
 	engines []engine
 	byID    map[string]int16
