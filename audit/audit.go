@@ -111,7 +111,10 @@ type engine struct {
 // Result is what an audit found.
 type Result struct {
 	Lines, Decisions, RoleChanges int
-	Violations                    []Violation
+	// OperatorMoves are the role changes an operator made at an engine's source (a relabel):
+	// counted in RoleChanges, checked against none of the controller's guards.
+	OperatorMoves int
+	Violations    []Violation
 }
 
 // Audit reads a decision log and checks it. rules overrides the log's config line when not
@@ -244,10 +247,19 @@ func AuditLogs(logs []Log, rules *Rules) (Result, error) {
 				engines[e.ID] = &engine{role: e.Role, lifecycle: e.Lifecycle, pinned: e.Pinned, roleSince: since}
 			}
 			snapshot = true
-		case rec.Kind == "fleet":
-			if !snapshot {
-				return res, fmt.Errorf("audit: %s: a fleet event before the fleet snapshot", where())
+		case rec.Kind == "fleet" && !snapshot:
+			return res, fmt.Errorf("audit: %s: a fleet event before the fleet snapshot", where())
+		case rec.Kind == "fleet" && rec.Event == "added":
+			if engines[rec.Engine] != nil {
+				return res, fmt.Errorf("audit: %s: engine %q added twice", where(), rec.Engine)
 			}
+			engines[rec.Engine] = &engine{role: rec.To, lifecycle: "recovering", roleSince: math.Inf(-1)}
+		case rec.Kind == "fleet" && rec.Event == "removed":
+			if engines[rec.Engine] == nil {
+				return res, fmt.Errorf("audit: %s: unknown engine %q removed", where(), rec.Engine)
+			}
+			delete(engines, rec.Engine)
+		case rec.Kind == "fleet":
 			e := engines[rec.Engine]
 			if e == nil {
 				return res, fmt.Errorf("audit: %s: unknown engine %q", where(), rec.Engine)
@@ -294,6 +306,13 @@ func AuditLogs(logs []Log, rules *Rules) (Result, error) {
 				e.pinned = rec.Pinned
 			case "role":
 				res.RoleChanges++
+				if rec.Caller == "operator" {
+					// An operator relabelled the engine at its source: not the controller's move,
+					// so no guard of the controller's applies; dwell counts from it.
+					res.OperatorMoves++
+					e.role, e.roleSince = rec.To, rec.TimeS
+					continue
+				}
 				if e.pinned {
 					violate("pins", "%s moved %s -> %s while pinned", rec.Engine, rec.From, rec.To)
 				}

@@ -188,3 +188,36 @@ func TestAuditInPlaceSwitches(t *testing.T) {
 		}
 	}
 }
+
+// Engines that join and leave: an added engine is known from its event on (recovering, in the
+// event's role), a removed one no longer counts toward the floors; an operator's relabel is no
+// decision of the controller's, and the controller's dwell counts from it.
+func TestAuditMembership(t *testing.T) {
+	log := head + `{"kind":"fleet","time_s":5,"event":"added","engine":"k1","to":"decode","cause":"kubernetes","address":"10.0.0.9:8000","profile":"p"}
+{"kind":"fleet","time_s":6,"event":"lifecycle","engine":"k1","from":"recovering","to":"active","cause":"health"}
+{"kind":"fleet","time_s":7,"event":"role","engine":"k1","from":"decode","to":"prefill","cause":"operator (kubernetes)","caller":"operator"}
+{"kind":"fleet","time_s":8,"event":"removed","engine":"e1","from":"prefill","cause":"kubernetes"}
+` + move(40, 1, "e4", "decode", "prefill") + decision(40, 1, "regular", closed, mv("e4", "decode", "prefill"))
+	res, err := Audit(strings.NewReader(log), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Violations) != 0 || res.OperatorMoves != 1 || res.RoleChanges != 2 {
+		t.Fatalf("%+v", res)
+	}
+	// The controller moving k1 back 20 s after the operator: inside dwell.
+	v := audit(t, log+move(60, 2, "k1", "prefill", "decode")+decision(60, 2, "regular", closed, mv("k1", "prefill", "decode")))
+	if len(v) == 0 || !slices.ContainsFunc(v, func(x Violation) bool { return x.Rule == "dwell" }) {
+		t.Fatalf("a controller move inside the operator's dwell: %v", v)
+	}
+	for _, bad := range []string{
+		head + `{"kind":"fleet","time_s":5,"event":"removed","engine":"zz","from":"decode","cause":"file"}` + "\n",
+		head + `{"kind":"fleet","time_s":5,"event":"added","engine":"e1","to":"decode","cause":"file"}` + "\n",
+		head + `{"kind":"fleet","time_s":8,"event":"removed","engine":"e1","from":"prefill","cause":"file"}` + "\n" +
+			`{"kind":"fleet","time_s":9,"event":"lifecycle","engine":"e1","from":"active","to":"failed","cause":"health"}` + "\n",
+	} {
+		if _, err := Audit(strings.NewReader(bad), nil); err == nil {
+			t.Errorf("accepted\n%s", bad)
+		}
+	}
+}

@@ -14,6 +14,9 @@ const (
 	CallerRepair      = "repair"
 	CallerReadmission = "readmission"
 	CallerAPI         = "api"
+	// CallerOperator marks a role change an operator made at an engine's source (a relabelled
+	// pod or endpoint): a fleet role event, not a decision of the controller.
+	CallerOperator = "operator"
 )
 
 // Outcomes of an evaluation.

@@ -367,6 +367,14 @@ func (l *Log) Fleet(ev fleet.Event) {
 	default:
 		rec["from"], rec["to"] = ev.From, ev.To
 	}
+	switch ev.Kind {
+	case fleet.EventAdded:
+		rec["address"], rec["profile"] = ev.Address, ev.Profile
+	case fleet.EventRole:
+		if fleet.IsOperatorCause(ev.Cause) {
+			rec["caller"] = CallerOperator
+		}
+	}
 	if n, ok := strings.CutPrefix(ev.Cause, "decision "); ok && ev.Kind == fleet.EventRole {
 		if seq, err := strconv.ParseUint(n, 10, 64); err == nil {
 			rec["decision"] = seq

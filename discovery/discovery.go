@@ -140,7 +140,7 @@ func (s *Source) operatorMove(f *fleet.Fleet, e fleet.Engine, label string, now 
 	if err != nil {
 		return false, err
 	}
-	cause := "operator (" + s.name + ")"
+	cause := fleet.OperatorCause(s.name)
 	if e.InPlace {
 		_, err = f.StartSwitch(e.ID, to, now, cause)
 	} else {

@@ -312,7 +312,8 @@ func (f *Fleet) FinishSwitch(id string, result SwitchResult, now time.Time, deta
 // lifecycle and lifecycle-since time, its operator hold, and its pin (a pin the config sets
 // holds whatever was saved). Addresses and profiles stay as configured. An engine added at
 // run time (Source other than config) comes back whole, address and profile included (its
-// source, if it has one, reconciles it later). It returns the ids of saved config engines that
+// source, if it has one, reconciles it later), and one that saved does not have goes (a
+// standby following its leader's state sees the leader's membership). It returns the ids of saved config engines that
 // the fleet does not have (removed from the config since), and produces one new version, with
 // no events: nothing changed in the world, the fleet remembers. Call it before anything reads
 // the fleet.
@@ -340,6 +341,15 @@ func (f *Fleet) Restore(saved []Engine) (unknown []string, err error) {
 		e.Lifecycle, e.LifecycleSince, e.Held = s.Lifecycle, s.LifecycleSince, s.Held
 		e.SwitchTo, e.SwitchCause = s.SwitchTo, s.SwitchCause
 		e.Pinned = e.Pinned || s.Pinned
+	}
+	// Engines added at run time that saved does not have left in the meantime (a standby
+	// following its leader's state).
+	f.engines = slices.DeleteFunc(f.engines, func(e Engine) bool {
+		return e.Source != SourceConfig && !slices.ContainsFunc(saved, func(s Engine) bool { return s.ID == e.ID })
+	})
+	clear(f.index)
+	for i, e := range f.engines {
+		f.index[e.ID] = i
 	}
 	f.version++
 	f.notify() // followers (the router, the xDS server) see the restored fleet

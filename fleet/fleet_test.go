@@ -414,6 +414,10 @@ func TestAddRemove(t *testing.T) {
 func TestRestoreAdded(t *testing.T) {
 	f := newFleet(t)
 	at := t0.Add(time.Hour)
+	// A standby's fleet has an engine its leader has removed since: it goes.
+	if _, err := f.Add(config.Engine{ID: "gone", Address: "10.1.0.9:8000", Role: "decode", Profile: config.DefaultProfileName}, "file", t0); err != nil {
+		t.Fatal(err)
+	}
 	saved := []Engine{
 		{ID: "e1", Role: Decode, RoleSince: at, Moved: true, Lifecycle: Active, LifecycleSince: t0, Source: SourceConfig},
 		{ID: "old", Role: Decode, Lifecycle: Active, Source: SourceConfig},
@@ -429,6 +433,9 @@ func TestRestoreAdded(t *testing.T) {
 	k1, ok := f.Engine("k1")
 	if !ok || k1.Addr != "10.1.0.1:8000" || k1.Role != Prefill || k1.Source != "kubernetes" || k1.SwitchAsked || !k1.Live() {
 		t.Fatalf("k1 = %+v", k1)
+	}
+	if _, ok := f.Engine("gone"); ok || len(f.Snapshot().Engines) != 4 {
+		t.Fatalf("after restore: %+v", f.Snapshot().Engines)
 	}
 	if _, err := f.Remove("k1", at, "kubernetes"); err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -202,3 +203,9 @@ type Event struct {
 	// Address is an added engine's configured address and Profile its profile (EventAdded).
 	Address, Profile string
 }
+
+// OperatorCause is the cause of a role change an operator made at source (a relabel).
+func OperatorCause(source string) string { return "operator (" + source + ")" }
+
+// IsOperatorCause reports whether cause is an OperatorCause.
+func IsOperatorCause(cause string) bool { return strings.HasPrefix(cause, "operator (") }

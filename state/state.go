@@ -56,6 +56,14 @@ type Engine struct {
 	SwitchTo    string            `json:"switch_to,omitempty"`
 	SwitchCause string            `json:"switch_cause,omitempty"`
 	Correction  router.Correction `json:"correction"`
+	// An engine that joined at run time (docs/discovery.md) carries its membership: the source
+	// that added it, its address, profile and switch method, and whether its role is still the
+	// controller's to give. Config engines leave these out (source "" is config).
+	Source   string `json:"source,omitempty"`
+	Address  string `json:"address,omitempty"`
+	Profile  string `json:"profile,omitempty"`
+	InPlace  bool   `json:"in_place,omitempty"`
+	RoleOpen bool   `json:"role_open,omitempty"`
 }
 
 // Capture builds the state of a fleet snapshot, the controller's durable part and the router's
@@ -74,6 +82,9 @@ func Capture(snap fleet.Snapshot, c controller.Durable, loads []router.EngineLoa
 		}
 		if e.SwitchTo != 0 {
 			se.SwitchTo = e.SwitchTo.String()
+		}
+		if e.Source != fleet.SourceConfig && e.Source != "" {
+			se.Source, se.Address, se.Profile, se.InPlace, se.RoleOpen = e.Source, e.Address, e.Profile, e.InPlace, e.RoleOpen
 		}
 		f.Engines = append(f.Engines, se)
 	}
@@ -98,8 +109,15 @@ func (f *File) Fleet() ([]fleet.Engine, error) {
 				return nil, fmt.Errorf("engines[%d] (%s): switch_to: %w", i, e.ID, err)
 			}
 		}
+		source := e.Source
+		if source == "" {
+			source = fleet.SourceConfig
+		} else if e.Address == "" || e.Profile == "" {
+			return nil, fmt.Errorf("engines[%d] (%s): added by %s without an address or a profile", i, e.ID, source)
+		}
 		out = append(out, fleet.Engine{ID: e.ID, Role: role, RoleSince: e.RoleSince, Moved: e.Moved,
-			Lifecycle: lc, LifecycleSince: e.LifecycleSince, Pinned: e.Pinned, Held: e.Held, SwitchTo: to, SwitchCause: e.SwitchCause})
+			Lifecycle: lc, LifecycleSince: e.LifecycleSince, Pinned: e.Pinned, Held: e.Held, SwitchTo: to, SwitchCause: e.SwitchCause,
+			Source: source, Address: e.Address, Profile: e.Profile, InPlace: e.InPlace, RoleOpen: e.RoleOpen})
 	}
 	return out, nil
 }
@@ -119,7 +137,9 @@ func (f *File) Corrections() map[string]router.Correction {
 func (f *File) Match(cfg *config.Config) (added, removed []string, err error) {
 	saved := map[string]bool{}
 	for _, e := range f.Engines {
-		saved[e.ID] = true
+		if e.Source == "" { // engines added at run time are not the config's
+			saved[e.ID] = true
+		}
 	}
 	shared := 0
 	configured := map[string]bool{}
@@ -132,11 +152,11 @@ func (f *File) Match(cfg *config.Config) (added, removed []string, err error) {
 		}
 	}
 	for _, e := range f.Engines {
-		if !configured[e.ID] {
+		if !configured[e.ID] && e.Source == "" {
 			removed = append(removed, e.ID)
 		}
 	}
-	if shared == 0 && len(cfg.Engines) > 0 && len(f.Engines) > 0 {
+	if shared == 0 && len(cfg.Engines) > 0 && len(saved) > 0 {
 		return nil, nil, fmt.Errorf("it belongs to another fleet: none of its engines (%s) is in the config", join(removed))
 	}
 	return added, removed, nil

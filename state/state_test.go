@@ -51,6 +51,13 @@ func TestRoundTrip(t *testing.T) {
 	if _, err := f.SetPinned("c", true, moved, "test"); err != nil {
 		t.Fatal(err)
 	}
+	// Engines that joined at run time: their membership is durable too.
+	if _, err := f.Add(config.Engine{ID: "k1", Address: "10.1.0.1:80", Profile: config.DefaultProfileName, Switch: config.SwitchSGLang}, "kubernetes", moved); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Add(config.Engine{ID: "k2", Address: "10.1.0.2:80", Role: "prefill", Profile: config.DefaultProfileName}, "file", moved); err != nil {
+		t.Fatal(err)
+	}
 	last := t0.Add(5 * time.Second)
 	d := controller.Durable{Seq: 41, LastToDecode: &last, Confirmations: controller.Confirmed{DecodeExpand: 2}}
 	d.Window.OpenedAt, d.Window.Arrivals, d.Window.Closed = t0, 77, true
@@ -88,8 +95,17 @@ func TestRoundTrip(t *testing.T) {
 	if e, _ := f2.Engine("c"); !e.Pinned {
 		t.Fatalf("c after restore: %+v", e)
 	}
-	if a, _ := f2.Engine("a"); a.Moved || a.Role != fleet.Prefill {
+	if a, _ := f2.Engine("a"); a.Moved || a.Role != fleet.Prefill || a.Source != fleet.SourceConfig {
 		t.Fatalf("a after restore: %+v", a)
+	}
+	k1, _ := f2.Engine("k1")
+	k2, _ := f2.Engine("k2")
+	if k1.Source != "kubernetes" || k1.Addr != "10.1.0.1:80" || !k1.InPlace || !k1.RoleOpen || k1.Lifecycle != fleet.Recovering ||
+		k2.Source != "file" || k2.Role != fleet.Prefill || k2.RoleOpen || k2.Profile != config.DefaultProfileName {
+		t.Fatalf("added engines after restore: %+v %+v", k1, k2)
+	}
+	if added, removed, err := got.Match(cfg); err != nil || len(added)+len(removed) != 0 {
+		t.Fatalf("Match counts the added engines as config engines: %v %v %v", added, removed, err)
 	}
 	if c := got.Corrections()["a"]; c.Prefill != 1.4 || c.DecodeSamples != 12 {
 		t.Fatalf("corrections %+v", c)

@@ -52,7 +52,7 @@ func newAudit(stdout io.Writer) *cobra.Command {
 			for _, v := range res.Violations {
 				fmt.Fprintln(stdout, v)
 			}
-			fmt.Fprintf(stdout, "%d lines, %d decisions, %d role changes, %d violations\n", res.Lines, res.Decisions, res.RoleChanges, len(res.Violations))
+			fmt.Fprintf(stdout, "%d lines, %d decisions, %d role changes (%d by operators), %d violations\n", res.Lines, res.Decisions, res.RoleChanges, res.OperatorMoves, len(res.Violations))
 			if len(res.Violations) > 0 {
 				return &exitError{exitFailure, fmt.Errorf("audit: %d violations", len(res.Violations))}
 			}

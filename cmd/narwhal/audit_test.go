@@ -27,7 +27,7 @@ func TestAuditCommand(t *testing.T) {
 	bad := write("bad.jsonl", head+`{"kind":"fleet","time_s":10,"event":"role","engine":"e3","from":"decode","to":"prefill","cause":"decision 1","decision":1}
 {"kind":"decision","time_s":10,"seq":1,"caller":"urgent","outcome":"moved","inputs":{"evidence_window":{"opened_at_s":0,"arrivals":3}},"moves":[{"engine":"e3","from":"decode","to":"prefill"}]}
 `)
-	if out, code := runBin(t, "audit", "--decisions", good); code != 0 || !strings.Contains(out, "1 decisions, 1 role changes, 0 violations") {
+	if out, code := runBin(t, "audit", "--decisions", good); code != 0 || !strings.Contains(out, "1 decisions, 1 role changes (0 by operators), 0 violations") {
 		t.Fatalf("good: exit %d\n%s", code, out)
 	}
 	if out, code := runBin(t, "audit", "--decisions", bad); code != 1 || !strings.Contains(out, "line 4 (10.000s): evidence_window:") {

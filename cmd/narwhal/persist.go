@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,6 +67,14 @@ func restore(cfg *config.Config, f *fleet.Fleet, file *state.File, where string,
 	if err != nil {
 		return restored{}, err
 	}
+	engines = slices.DeleteFunc(engines, func(e fleet.Engine) bool {
+		_, known := cfg.Profiles[e.Profile]
+		if e.Source != fleet.SourceConfig && !known {
+			log.Warn("engine added at run time names a profile the config no longer has: not restored (its source may add it again)", "engine", e.ID, "profile", e.Profile)
+			return true
+		}
+		return false
+	})
 	if _, err := f.Restore(engines); err != nil {
 		return restored{}, fmt.Errorf("%s: %w", where, err)
 	}
