@@ -47,6 +47,8 @@ type Options struct {
 		Window() controller.WindowState
 		Advise(prefill, decode int, reason string) (controller.Decision, error)
 	}
+	// Discovery reports the sources that add and remove engines at run time; nil without any.
+	Discovery func() DiscoveryState
 	// History is the history ring GET /narwhal/history serves; nil keeps none.
 	History *history.Ring[controller.Decision]
 }
@@ -72,6 +74,8 @@ func New(o Options) *Server {
 	s.mux.HandleFunc("GET /narwhal/history", s.history)
 	s.mux.HandleFunc("GET /{$}", s.servePage)
 	s.mux.HandleFunc("POST /narwhal/engines/{id}/{action}", s.engineAction)
+	s.mux.HandleFunc("POST /narwhal/engines", s.addEngine)
+	s.mux.HandleFunc("DELETE /narwhal/engines/{id}", s.removeEngine)
 	s.mux.HandleFunc("POST /narwhal/advise", s.advise)
 	return s
 }
@@ -145,6 +149,10 @@ func (s *Server) Snapshot() State {
 			st.Sizing = append(st.Sizing, SizingState{Model: e.Model, Samples: e.Samples, MAPE: e.MAPE, Bias: e.Bias, BytesPerToken: e.BytesPerToken})
 		}
 	}
+	if s.o.Discovery != nil {
+		d := s.o.Discovery()
+		st.Discovery = &d
+	}
 	if s.o.XDS != nil {
 		x := s.o.XDS.Stats()
 		st.XDS = &x
@@ -164,12 +172,7 @@ func (s *Server) state(w http.ResponseWriter, _ *http.Request) {
 // advise serves POST /narwhal/advise: {"prefill": P, "decode": D, "reason": "..."} is evaluated
 // as an advisory decision and its record returned. Nothing moves.
 func (s *Server) advise(w http.ResponseWriter, r *http.Request) {
-	if !s.authorized(r) {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="narwhal"`)
-		writeError(w, http.StatusUnauthorized, "unauthorized", "this call needs Authorization: Bearer <admin.token>")
-		return
-	}
-	if s.standby(w) {
+	if s.guard(w, r) {
 		return
 	}
 	if s.o.Controller == nil {
@@ -202,12 +205,7 @@ func (s *Server) advise(w http.ResponseWriter, r *http.Request) {
 
 // engineAction serves POST /narwhal/engines/{id}/{drain|undrain|pin|unpin}.
 func (s *Server) engineAction(w http.ResponseWriter, r *http.Request) {
-	if !s.authorized(r) {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="narwhal"`)
-		writeError(w, http.StatusUnauthorized, "unauthorized", "this call needs Authorization: Bearer <admin.token>")
-		return
-	}
-	if s.standby(w) {
+	if s.guard(w, r) {
 		return
 	}
 	id, action := r.PathValue("id"), r.PathValue("action")
@@ -240,6 +238,80 @@ func (s *Server) engineAction(w http.ResponseWriter, r *http.Request) {
 		s.o.Logger.Info("admin", "action", action, "engine", id, "remote", r.RemoteAddr)
 		writeJSON(w, http.StatusOK, engineState(&e))
 	}
+}
+
+// SourceAdmin is the fleet.Engine.Source of the engines the admin API adds.
+const SourceAdmin = "admin"
+
+// guard answers a call that changes the fleet when it may not run here: no or a wrong token
+// (401), a standby replica (503). It reports whether it answered.
+func (s *Server) guard(w http.ResponseWriter, r *http.Request) bool {
+	if !s.authorized(r) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="narwhal"`)
+		writeError(w, http.StatusUnauthorized, "unauthorized", "this call needs Authorization: Bearer <admin.token>")
+		return true
+	}
+	return s.standby(w)
+}
+
+// addEngine serves POST /narwhal/engines: an engine joins the fleet at run time (docs/discovery.md),
+// recovering until its probes pass. Body: {"id", "address", "role" (prefill, decode; none: the
+// controller decides), "profile" (none: discovery.default_profile), "switch" (none:
+// discovery.switch)}.
+func (s *Server) addEngine(w http.ResponseWriter, r *http.Request) {
+	if s.guard(w, r) {
+		return
+	}
+	var req config.Engine
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request", `the body must be {"id": "...", "address": "host:port", "role": "prefill|decode", "profile": "...", "switch": "routing|sglang"}: `+err.Error())
+		return
+	}
+	if req.Profile == "" {
+		req.Profile = s.o.Config.DiscoveredProfile("")
+	}
+	if req.Switch == "" {
+		req.Switch = s.o.Config.Discovery.Switch
+	}
+	if err := s.o.Config.CheckMember(req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+		return
+	}
+	e, err := s.o.Fleet.Add(req, SourceAdmin, s.o.Now())
+	if err != nil {
+		writeError(w, http.StatusConflict, "conflict", err.Error())
+		return
+	}
+	s.o.Logger.Info("admin", "action", "add", "engine", e.ID, "address", e.Address, "role", req.Role, "profile", e.Profile, "remote", r.RemoteAddr)
+	writeJSON(w, http.StatusCreated, engineState(&e))
+}
+
+// removeEngine serves DELETE /narwhal/engines/{id}: an engine the admin API added leaves the
+// fleet at once (its residents finish). An engine of the config or of a discovery source is
+// removed there, where it would come back from.
+func (s *Server) removeEngine(w http.ResponseWriter, r *http.Request) {
+	if s.guard(w, r) {
+		return
+	}
+	id := r.PathValue("id")
+	e, ok := s.o.Fleet.Engine(id)
+	switch {
+	case !ok:
+		writeError(w, http.StatusNotFound, "unknown_engine", "no engine "+quote(id))
+		return
+	case e.Source != SourceAdmin:
+		writeError(w, http.StatusConflict, "conflict", fmt.Sprintf("engine %s comes from %s: remove it there (the admin API removes the engines it added)", id, e.Source))
+		return
+	}
+	e, err := s.o.Fleet.Remove(id, s.o.Now(), SourceAdmin)
+	if err != nil {
+		writeError(w, http.StatusNotFound, "unknown_engine", err.Error())
+		return
+	}
+	s.o.Logger.Info("admin", "action", "remove", "engine", id, "remote", r.RemoteAddr)
+	writeJSON(w, http.StatusOK, engineState(&e))
 }
 
 // standby answers a call that changes the fleet or asks the controller 503 not_leader on a

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -301,5 +302,63 @@ func TestStandbyRefusesChanges(t *testing.T) {
 	role = "leader"
 	if code, body := fx.do(t, "POST", "/narwhal/engines/e3/drain", ""); code != 200 {
 		t.Fatalf("drain on the leader: %d %s", code, body)
+	}
+}
+
+// The admin API adds an engine (recovering until its probes pass, in the role given or the
+// controller's to give), refuses bad ones with the reason, and removes only what it added.
+func TestAddRemoveEngine(t *testing.T) {
+	fx := newFixture(t, "tok")
+	post := func(body, token string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", fx.srv.URL+"/narwhal/engines", strings.NewReader(body))
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := post(`{"id": "a1", "address": "10.0.0.1:8000"}`, ""); code != 401 {
+		t.Fatalf("no token: %d", code)
+	}
+	code, body := post(`{"id": "a1", "address": "10.0.0.1:8000", "role": "prefill"}`, "tok")
+	if code != 201 || !strings.Contains(body, `"lifecycle": "recovering"`) || !strings.Contains(body, `"source": "admin"`) {
+		t.Fatalf("add: %d %s", code, body)
+	}
+	if code, body := post(`{"id": "a2", "address": "10.0.0.2:8000"}`, "tok"); code != 201 || !strings.Contains(body, `"profile": "`+config.DefaultProfileName+`"`) {
+		t.Fatalf("add without role or profile: %d %s", code, body)
+	}
+	for body, want := range map[string]string{
+		`{"id": "a3", "address": "10.0.0.1:8000"}`:                      "409 address 10.0.0.1:8000 is engine a1's",
+		`{"id": "a1", "address": "10.0.0.3:8000"}`:                      "409 engine a1 is in the fleet already",
+		`{"id": "a3", "address": "10.0.0.3:8000", "profile": "big"}`:    `400 unknown profile \"big\"`,
+		`{"id": "a3", "address": "10.0.0.3"}`:                           "400 engine.address",
+		`{"id": "a3", "address": "10.0.0.3:8000", "weight": 2}`:         `400 unknown field \"weight\"`,
+		`{"id": "a3", "address": "10.0.0.3:8000", "role": "aggregate"}`: "400 engine.role",
+	} {
+		code, got := post(body, "tok")
+		if fmt.Sprint(code) != want[:3] || !strings.Contains(got, want[4:]) {
+			t.Errorf("%s: %d %s, want %s", body, code, got, want)
+		}
+	}
+	st := fx.state(t)
+	if len(st.Engines) != 6 || st.Engines[4].ID != "a1" || st.Engines[4].Source != "admin" || st.Split != (Split{2, 2}) {
+		t.Fatalf("state %+v", st)
+	}
+	for _, s := range []struct {
+		path string
+		code int
+	}{{"/narwhal/engines/e1", 409}, {"/narwhal/engines/zz", 404}, {"/narwhal/engines/a1", 200}, {"/narwhal/engines/a1", 404}} {
+		if code, body := fx.do(t, "DELETE", s.path, "tok"); code != s.code {
+			t.Errorf("DELETE %s: %d %s, want %d", s.path, code, body, s.code)
+		}
+	}
+	if st := fx.state(t); len(st.Engines) != 5 {
+		t.Fatalf("after remove: %+v", st.Engines)
 	}
 }

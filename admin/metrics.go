@@ -71,7 +71,19 @@ func (m *Metrics) ObserveProbe(engine string, ok bool, took time.Duration) {
 	m.probeSeconds.WithLabelValues(engine).Observe(took.Seconds())
 }
 
-func (m *Metrics) observeFleet(ev fleet.Event) { m.changes.WithLabelValues(string(ev.Kind)).Inc() }
+// observeFleet counts a fleet change; an engine that joins gets its probe series at 0, one
+// that leaves loses them.
+func (m *Metrics) observeFleet(ev fleet.Event) {
+	m.changes.WithLabelValues(string(ev.Kind)).Inc()
+	switch ev.Kind {
+	case fleet.EventAdded:
+		m.probes.WithLabelValues(ev.Engine, "ok")
+		m.probes.WithLabelValues(ev.Engine, "fail")
+	case fleet.EventRemoved:
+		m.probes.DeletePartialMatch(prometheus.Labels{"engine": ev.Engine})
+		m.probeSeconds.DeleteLabelValues(ev.Engine)
+	}
+}
 
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/discovery"
 	"github.com/narwhal-llm/narwhal/envoy"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
@@ -24,8 +25,9 @@ type State struct {
 	Retained       router.Retained       `json:"retained"`
 	Counters       router.Counters       `json:"counters"`
 	Sizing         []SizingState         `json:"sizing"`
-	XDS            *envoy.Stats          `json:"xds,omitempty"` // connected Envoys, pushes, NACKs
-	HA             *HAState              `json:"ha,omitempty"`  // replicas on etcd; absent for a single instance
+	XDS            *envoy.Stats          `json:"xds,omitempty"`       // connected Envoys, pushes, NACKs
+	HA             *HAState              `json:"ha,omitempty"`        // replicas on etcd; absent for a single instance
+	Discovery      *DiscoveryState       `json:"discovery,omitempty"` // engines from sources at run time; absent without any
 	EvidenceWindow EvidenceWindow        `json:"evidence_window"`
 	Decisions      []controller.Decision `json:"decisions"` // the last records, oldest first
 }
@@ -39,6 +41,11 @@ type HAState struct {
 	// StateError is why the last state write failed (etcd unreachable, say), "" after a good one:
 	// while it is set the leader keeps routing with the roles it has and applies no role move.
 	StateError string `json:"state_error,omitempty"`
+}
+
+// DiscoveryState is what the sources of engines at run time report (docs/discovery.md).
+type DiscoveryState struct {
+	File *discovery.FileStatus `json:"file,omitempty"`
 }
 
 // SizingState is the running error of local prompt sizing for one model, measured against the
@@ -84,6 +91,10 @@ type EngineState struct {
 	Switch      string `json:"switch"`
 	SwitchTo    string `json:"switch_to,omitempty"`
 	SwitchAsked bool   `json:"switch_asked,omitempty"`
+	// Source is where the engine comes from: config, admin, file or kubernetes.
+	Source string `json:"source"`
+	// Profile is the engine's profile.
+	Profile string `json:"profile"`
 }
 
 // EvidenceWindow is the arrival-evidence window (docs/role-control.md section 7).
@@ -122,6 +133,7 @@ func engineState(e *fleet.Engine) EngineState {
 		RoleSince: rfc3339(e.RoleSince), LifecycleSince: rfc3339(e.LifecycleSince),
 		Correction: router.Correction{Prefill: 1, Decode: 1},
 		Switch:     config.SwitchRouting, SwitchAsked: e.SwitchAsked,
+		Source: e.Source, Profile: e.Profile,
 	}
 	if e.InPlace {
 		es.Switch = config.SwitchSGLang

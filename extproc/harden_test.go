@@ -59,7 +59,7 @@ func newHarness(t testing.TB, mode gateway.Mode, tweak func(*config.Config), rol
 	if h.sizer, err = extproc.NewSizer(cfg.Router.Sizing); err != nil {
 		t.Fatal(err)
 	}
-	h.srv = extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: h.live, Sizer: h.sizer, StreamLimit: extproc.StreamLimit(cfg)})
+	h.srv = extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: h.live, Sizer: h.sizer, StreamLimit: extproc.StreamLimit(cfg, h.fleet.Snapshot().Engines)})
 	h.addr = envoytest.StartServer(t, h.srv, extproc.GRPCServerOptions(cfg)...)
 	h.conn, err = grpc.NewClient(h.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -436,7 +436,7 @@ func TestPassiveHealth(t *testing.T) {
 // TestStreamLimit: streams beyond extproc.StreamLimit get a 503 overloaded reply, not a stall.
 func TestStreamLimit(t *testing.T) {
 	h := newHarness(t, relaxed(gateway.Mode{}), func(c *config.Config) { c.Router.WaitingSet.Capacity = 1 }, "prefill", "decode")
-	limit := extproc.StreamLimit(h.cfg)
+	limit := extproc.StreamLimit(h.cfg, h.fleet.Snapshot().Engines)
 	if want := 1 + extproc.StreamMargin + 2*h.cfg.Profiles["fast"].Decode.MaxStreams; limit != want {
 		t.Fatalf("limit %d, want %d", limit, want)
 	}
@@ -461,6 +461,16 @@ func TestStreamLimit(t *testing.T) {
 	if ir := resp.GetImmediateResponse(); err != nil || ir.GetStatus().GetCode() != 503 || !strings.Contains(string(ir.GetBody()), "overloaded") {
 		t.Fatalf("over the limit: %v %v", resp, err)
 	}
+	// A fleet that grows raises the limit: one more stream is served.
+	h.srv.SetStreamLimit(limit + 2) // + the refused stream, if its end is not counted yet
+	more := h.raw(ctx)
+	if err := more.Send(msgRequestHeaders("/other", false)); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := more.Recv(); err != nil || resp.GetImmediateResponse() != nil {
+		t.Fatalf("under the raised limit: %v %v", resp, err)
+	}
+	open = append(open, more)
 	for _, ps := range open {
 		_ = ps.CloseSend()
 		if _, err := ps.Recv(); err != io.EOF {

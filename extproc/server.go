@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
 )
 
@@ -49,7 +50,7 @@ type Server struct {
 	log     *slog.Logger
 	ids     atomic.Uint64
 	shared  shared
-	limit   int64        // concurrent streams served; more are answered 503 overloaded
+	limit   atomic.Int64 // concurrent streams served; more are answered 503 overloaded
 	active  atomic.Int64 // streams being served
 
 	// unanswered counts the streams whose request has no routing answer yet (placement,
@@ -121,10 +122,12 @@ func NewServer(o Options) *Server {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Server{
+	s := &Server{
 		cfg: o.Router, placer: o.Placer, sizer: o.Sizer, parse: NewParseOptions(o.Router, o.Sizer),
-		metrics: o.Metrics, now: o.Now, log: o.Logger, limit: int64(o.StreamLimit),
+		metrics: o.Metrics, now: o.Now, log: o.Logger,
 	}
+	s.limit.Store(int64(o.StreamLimit))
+	return s
 }
 
 // AwaitAnswers waits until every open stream's request has had its routing answer, or ctx
@@ -163,18 +166,27 @@ const (
 	StreamMargin = 1024
 )
 
-// StreamLimit is the number of ext_proc streams Narwhal serves at once for a config: every
-// request the router can hold (router.waiting_set.capacity waiting, and the max_streams of
-// every engine that can decode), plus StreamMargin.
-func StreamLimit(cfg *config.Config) int {
+// StreamLimit is the number of ext_proc streams Narwhal serves at once for a config and the
+// fleet's engines: every request the router can hold (router.waiting_set.capacity waiting, and
+// the max_streams of every engine that can decode), plus StreamMargin. A fleet that changes
+// changes it (SetStreamLimit).
+func StreamLimit(cfg *config.Config, engines []fleet.Engine) int {
 	n := cfg.Router.WaitingSet.Capacity + StreamMargin
-	for _, e := range cfg.Engines {
+	for _, e := range engines {
 		if p, ok := cfg.Profiles[e.Profile]; ok && p.Decode != nil {
 			n += p.Decode.MaxStreams
 		}
 	}
 	return n
 }
+
+// SetStreamLimit changes the streams served at once (0: no limit); streams beyond a lowered
+// limit finish, new ones are refused until the count is under it.
+func (s *Server) SetStreamLimit(n int) { s.limit.Store(int64(n)) }
+
+// MaxStreamsPerConn is the streams one connection may carry: far past any StreamLimit (a fleet
+// that grows at run time raises it), which Process enforces stream by stream.
+const MaxStreamsPerConn = 1 << 20
 
 // GRPCServerOptions are the gRPC options the ext_proc listener needs: messages larger than
 // router.body_limit_bytes are received (so that an oversized body gets Narwhal's 413, not a gRPC
@@ -186,7 +198,7 @@ func GRPCServerOptions(cfg *config.Config) []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(limit),
 		grpc.MaxSendMsgSize(limit),
-		grpc.MaxConcurrentStreams(uint32(StreamLimit(cfg) + StreamMargin)),
+		grpc.MaxConcurrentStreams(MaxStreamsPerConn),
 		grpc.InitialWindowSize(StreamWindow),
 		grpc.InitialConnWindowSize(ConnWindow),
 		grpc.MaxHeaderListSize(MaxHeaderList),
@@ -201,7 +213,7 @@ func (s *Server) Register(g *grpc.Server) { extprocv3.RegisterExternalProcessorS
 // client or upstream went away); whatever the request holds is released.
 func (s *Server) Process(ps extprocv3.ExternalProcessor_ProcessServer) error {
 	defer func() { s.active.Add(-1); s.changed.notify() }()
-	if n := s.active.Add(1); s.limit > 0 && n > s.limit {
+	if n, limit := s.active.Add(1), s.limit.Load(); limit > 0 && n > limit {
 		return s.refuse(ps)
 	}
 	st := newStream(s, ps.Context())
@@ -262,7 +274,7 @@ func (s *Server) refuse(ps extprocv3.ExternalProcessor_ProcessServer) error {
 		return nil
 	}
 	_ = ps.Send(immediate(rejection{status: 503, code: "overloaded", retryAfter: 1,
-		message: "narwhal is serving " + strconv.FormatInt(s.limit, 10) + " requests at once, its limit; retry later"}, "narwhal_overloaded"))
+		message: "narwhal is serving " + strconv.FormatInt(s.limit.Load(), 10) + " requests at once, its limit; retry later"}, "narwhal_overloaded"))
 	return nil
 }
 

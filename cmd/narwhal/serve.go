@@ -23,6 +23,7 @@ import (
 	"github.com/narwhal-llm/narwhal/admin"
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/discovery"
 	"github.com/narwhal-llm/narwhal/envoy"
 	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/fleet"
@@ -151,14 +152,22 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	if rep != nil {
 		haState = rep.State
 	}
+	var files *discovery.File // the endpoints file (docs/discovery.md); nil without one
+	var discoveryState func() admin.DiscoveryState
+	if cfg.Discovery.File.Path != "" {
+		files = &discovery.File{Path: cfg.Discovery.File.Path, Resync: config.Seconds(cfg.Discovery.File.ResyncS),
+			Source: discovery.NewSource(discovery.SourceFile, cfg), Fleet: f, Now: time.Now, Log: log}
+		discoveryState = func() admin.DiscoveryState { st := files.Status(); return admin.DiscoveryState{File: &st} }
+	}
 	adm := admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log,
-		Router: live, Sizing: sizer.Errors, XDS: xds, Controller: roles, HA: haState, History: rec.ring})
+		Router: live, Sizing: sizer.Errors, XDS: xds, Controller: roles, HA: haState, History: rec.ring, Discovery: discoveryState})
 	grpcSrv := grpc.NewServer(extproc.GRPCServerOptions(cfg)...)
 	health := grpchealth.NewServer() // Envoy's ext_proc cluster health-checks over gRPC
 	healthpb.RegisterHealthServer(grpcSrv, health)
 	ext := extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: live, Sizer: sizer,
-		Metrics: extproc.NewMetrics(reg), Logger: log, StreamLimit: extproc.StreamLimit(cfg)})
+		Metrics: extproc.NewMetrics(reg), Logger: log, StreamLimit: extproc.StreamLimit(cfg, f.Snapshot().Engines)})
 	ext.Register(grpcSrv)
+
 	adminSrv := &http.Server{Handler: adm, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 
 	prober := &controller.HTTPProber{
@@ -196,6 +205,18 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	wg.Go(func() { _ = xds.Run(runCtx) })
 	wg.Go(func() { _ = live.Run(runCtx) })
 	wg.Go(func() { live.Follow(runCtx, f) })
+	wg.Go(func() { // the engines that can decode bound the streams served: follow the fleet
+		changed, stop := f.Subscribe()
+		defer stop()
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-changed:
+				ext.SetStreamLimit(extproc.StreamLimit(cfg, f.Snapshot().Engines))
+			}
+		}
+	})
 	wg.Go(func() { rec.Run(runCtx, config.Seconds(cfg.Admin.History.IntervalS)) })
 	// The leader's loops: the health monitor, the role controller, the switcher of in-place
 	// role switches and the state writer. A single instance leads from the start; a replica once
@@ -205,6 +226,13 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		wg.Go(func() { _ = roles.Run(runCtx) })
 		wg.Go(func() { switcher.Run(runCtx) })
 		wg.Go(func() { persist.Run(runCtx) }) // its last write follows the drain
+		if files != nil {
+			wg.Go(func() {
+				if err := files.Run(runCtx); err != nil {
+					fail(err)
+				}
+			})
+		}
 		persist.Kick()                        // the first start writes the config's state at once
 		health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 		adm.SetReady(true)
@@ -234,7 +262,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		wg.Go(func() { rep.lead(runCtx, f, take, lead, fail) })
 	}
 	p, d := 0, 0 // the roles serving starts with: the config's, or the durable state's
-	for _, e := range f.Snapshot().Engines {
+	snap := f.Snapshot()
+	for _, e := range snap.Engines {
 		if e.Role == fleet.Prefill {
 			p++
 		} else {
@@ -242,7 +271,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		}
 	}
 	log.Info("narwhal serving", "version", version, "admin", adminLn.Addr().String(),
-		"extproc", extprocLn.Addr().String(), "xds", xdsLn.Addr().String(), "engines", len(cfg.Engines), "prefill", p, "decode", d)
+		"extproc", extprocLn.Addr().String(), "xds", xdsLn.Addr().String(), "engines", len(snap.Engines), "prefill", p, "decode", d,
+		"discovery_file", cfg.Discovery.File.Path)
 
 	var runErr error
 	select {
