@@ -233,7 +233,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 				}
 			})
 		}
-		persist.Kick()                        // the first start writes the config's state at once
+		persist.Kick() // the first start writes the config's state at once
 		health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 		adm.SetReady(true)
 	}
