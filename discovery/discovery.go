@@ -99,9 +99,8 @@ func (s *Source) Reconcile(f *fleet.Fleet, eps []Endpoint, now time.Time) Result
 				res.Moved = append(res.Moved, ep.Name)
 			}
 		default:
-			ce := config.Engine{ID: ep.Name, Address: ep.Address, Role: role, Switch: s.cfg.Discovery.Switch,
-				Profile: s.cfg.DiscoveredProfile(ep.Labels[s.cfg.Discovery.ProfileLabel])}
-			if err := s.cfg.CheckMember(ce); err != nil {
+			ce, err := s.Member(ep)
+			if err != nil {
 				res.problem("%s: %v", ep.Name, err)
 				continue
 			}
@@ -114,6 +113,16 @@ func (s *Source) Reconcile(f *fleet.Fleet, eps []Endpoint, now time.Time) Result
 		s.labels[ep.Name] = role
 	}
 	return res
+}
+
+// Member is the engine an endpoint describes, checked as a config engine is (config.CheckMember):
+// its role from the role label ("" when the controller decides), its profile from the profile
+// label or the default, the switch method of discovery.switch.
+func (s *Source) Member(ep Endpoint) (config.Engine, error) {
+	role, _ := s.role(ep)
+	ce := config.Engine{ID: ep.Name, Address: ep.Address, Role: role, Switch: s.cfg.Discovery.Switch,
+		Profile: s.cfg.DiscoveredProfile(ep.Labels[s.cfg.Discovery.ProfileLabel])}
+	return ce, s.cfg.CheckMember(ce)
 }
 
 // role reads an endpoint's role label: prefill, decode, or "" (prefill-decode, none, or one it

@@ -7,11 +7,14 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/discovery"
 	"github.com/narwhal-llm/narwhal/preflight"
 )
 
@@ -32,6 +35,11 @@ func newPreflight(stdout io.Writer) *cobra.Command {
 			cfg, err := loadConfig(cfgPath)
 			if err != nil {
 				return err
+			}
+			if cfg.Discovery.File.Path != "" { // the engines the endpoints file lists now
+				if cfg, err = withFileEngines(cfg, stdout); err != nil {
+					return failureErr(err)
+				}
 			}
 			o := preflight.Options{Config: cfg}
 			if envoyFile != "" {
@@ -77,4 +85,33 @@ func newPreflight(stdout io.Writer) *cobra.Command {
 	cmd.Flags().StringVar(&envoyFile, "envoy", "", "an Envoy bootstrap (YAML) to check against the config")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the checks as JSON")
 	return cmd
+}
+
+// withFileEngines returns cfg with the engines discovery.file lists now added to its engines (an
+// engine without a role is checked as decode); an engine the file lists that cannot be taken is
+// printed and left out.
+func withFileEngines(cfg *config.Config, stdout io.Writer) (*config.Config, error) {
+	data, err := os.ReadFile(cfg.Discovery.File.Path)
+	if err != nil {
+		return nil, fmt.Errorf("discovery.file: %w", err)
+	}
+	eps, err := discovery.ParseEndpoints(data)
+	if err != nil {
+		return nil, fmt.Errorf("discovery.file %s: %w", cfg.Discovery.File.Path, err)
+	}
+	out := *cfg
+	out.Engines = slices.Clone(cfg.Engines)
+	src := discovery.NewSource(discovery.SourceFile, cfg)
+	for _, ep := range eps {
+		e, err := src.Member(ep)
+		if err != nil {
+			fmt.Fprintf(stdout, "discovery.file: %s left out: %v\n", ep.Name, err)
+			continue
+		}
+		if e.Role == "" {
+			e.Role = config.RoleDecode
+		}
+		out.Engines = append(out.Engines, e)
+	}
+	return &out, nil
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -120,5 +122,20 @@ func TestPreflightNamesEachFailure(t *testing.T) {
 	table, _ := runBin(t, "preflight", "--config", cfg)
 	if !strings.Contains(table, "reachable      e2      FAIL") || !strings.Contains(table, "4 failed") {
 		t.Errorf("the table:\n%s", table)
+	}
+}
+
+// With discovery.file, preflight checks the engines the file lists: one that cannot be taken is
+// named and left out, the others are checked (here: nothing listens, so reachable fails).
+func TestPreflightFileEngines(t *testing.T) {
+	dir := t.TempDir()
+	ep := filepath.Join(dir, "endpoints.yaml")
+	if err := os.WriteFile(ep, []byte("endpoints:\n  - {name: p1, address: 127.0.0.1, port: 1, labels: {llm-d.ai/role: prefill}}\n  - {name: x, address: 127.0.0.1, port: 2, labels: {narwhal.dev/profile: nope}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := writeConfig(t, fmt.Sprintf("discovery: {file: {path: %q}}\n", ep))
+	out, code := runBin(t, "preflight", "--config", cfg)
+	if code != 1 || !strings.Contains(out, `discovery.file: x left out: engine.profile: unknown profile "nope"`) || !regexp.MustCompile(`reachable\s+p1\s+FAIL`).MatchString(out) {
+		t.Fatalf("exit %d:\n%s", code, out)
 	}
 }

@@ -32,6 +32,9 @@ func newSim(stdout, stderr io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if len(cfg.Engines) == 0 {
+				return usageErr(fmt.Errorf("the config lists no engines: sim replays a fixed fleet, list it under engines (discovery is not simulated)"))
+			}
 			ps, err := sim.ParsePolicies(policies, len(cfg.Engines))
 			if err != nil {
 				return usageErr(err)
