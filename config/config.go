@@ -48,9 +48,32 @@ type Discovery struct {
 	ProfileLabel   string `yaml:"profile_label" json:"profile_label"`
 	DefaultProfile string `yaml:"default_profile" json:"default_profile"`
 	// Switch is how discovered engines change role (SwitchRouting or SwitchSGLang).
-	Switch string        `yaml:"switch" json:"switch"`
-	File   DiscoveryFile `yaml:"file" json:"file"`
+	Switch     string              `yaml:"switch" json:"switch"`
+	File       DiscoveryFile       `yaml:"file" json:"file"`
+	Kubernetes DiscoveryKubernetes `yaml:"kubernetes" json:"kubernetes"`
 }
+
+// DiscoveryKubernetes takes engines from pods (docs/kubernetes.md): those of a namespace that
+// match a label selector, each pod IP × port one engine, or the members of a Gateway API
+// Inference Extension InferencePool (its spec.selector and spec.targetPorts).
+type DiscoveryKubernetes struct {
+	// Namespace of the pods ("": no Kubernetes discovery).
+	Namespace string `yaml:"namespace" json:"namespace"`
+	// Selector and Ports pick the pods and their engine ports; or InferencePool names the pool
+	// that does (inference.networking.k8s.io/v1).
+	Selector      string `yaml:"selector" json:"selector"`
+	Ports         []int  `yaml:"ports" json:"ports"`
+	InferencePool string `yaml:"inference_pool" json:"inference_pool"`
+	// Kubeconfig is the client config file ("": in-cluster, as a pod).
+	Kubeconfig string `yaml:"kubeconfig" json:"kubeconfig"`
+	// WriteRoleLabel: a role change by the controller is written to the pod's role label.
+	WriteRoleLabel bool `yaml:"write_role_label" json:"write_role_label"`
+	// ResyncS is the informers' resync period.
+	ResyncS float64 `yaml:"resync_s" json:"resync_s"`
+}
+
+// Enabled reports whether engines come from Kubernetes.
+func (k *DiscoveryKubernetes) Enabled() bool { return k.Namespace != "" }
 
 // DiscoveryFile watches an endpoints file in llm-d's file-discovery layout:
 // endpoints: [{name, address, port, labels}].
@@ -70,7 +93,7 @@ const (
 )
 
 // Dynamic reports whether engines may join at run time from a source other than the admin API.
-func (d *Discovery) Dynamic() bool { return d.File.Path != "" }
+func (d *Discovery) Dynamic() bool { return d.File.Path != "" || d.Kubernetes.Enabled() }
 
 // DiscoveredProfile is the profile of a discovered engine whose profile label is name ("" when it has
 // none): name, else DefaultProfile, else the config's only profile.

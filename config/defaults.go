@@ -50,7 +50,7 @@ func Default() *Config {
 		ShutdownGraceS: 30,
 		Sim:            Sim{NoiseSigma: 0.05, Truth: Truth{PrefillScale: 1, DecodeScale: 1}},
 		Discovery: Discovery{RoleLabel: LabelRole, ProfileLabel: LabelProfile, Switch: SwitchRouting,
-			File: DiscoveryFile{ResyncS: 30}},
+			File: DiscoveryFile{ResyncS: 30}, Kubernetes: DiscoveryKubernetes{Ports: []int{}, ResyncS: 300}},
 		Profiles: map[string]Profile{DefaultProfileName: DefaultProfile()},
 	}
 }

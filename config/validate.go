@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"k8s.io/apimachinery/pkg/labels"
 	"math"
 	"net"
 	"net/netip"
@@ -175,6 +176,31 @@ func (k *checker) discovery(c *Config) {
 	}
 	if d.File.Path != "" {
 		k.gt("discovery.file.resync_s", d.File.ResyncS, 0)
+	}
+	kc := d.Kubernetes
+	if !kc.Enabled() {
+		return
+	}
+	const p = "discovery.kubernetes"
+	k.gt(p+".resync_s", kc.ResyncS, 0)
+	switch {
+	case kc.InferencePool != "" && (kc.Selector != "" || len(kc.Ports) > 0):
+		k.add(p+".inference_pool", []string{p + ".selector", p + ".ports"}, "set either inference_pool or selector and ports, not both")
+	case kc.InferencePool == "" && (kc.Selector == "" || len(kc.Ports) == 0):
+		k.add(p, nil, "set selector and ports (the pods and their engine ports), or inference_pool")
+	}
+	if kc.Selector != "" {
+		if _, err := labels.Parse(kc.Selector); err != nil {
+			k.add(p+".selector", nil, "%v", err)
+		}
+	}
+	for i, port := range kc.Ports {
+		if port < 1 || port > 65535 {
+			k.add(fmt.Sprintf("%s.ports[%d]", p, i), nil, "must be a port (1 to 65535), got %d", port)
+		}
+	}
+	if kc.InferencePool != "" && !IsName(kc.InferencePool) {
+		k.add(p+".inference_pool", nil, "must be an object name, got %q", kc.InferencePool)
 	}
 }
 

@@ -1,0 +1,448 @@
+package discovery
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
+)
+
+// SourceKubernetes is the fleet.Engine.Source of the engines Kubernetes pods are.
+const SourceKubernetes = "kubernetes"
+
+// InferencePoolResource is the Gateway API Inference Extension's InferencePool.
+var InferencePoolResource = schema.GroupVersionResource{Group: "inference.networking.k8s.io", Version: "v1", Resource: "inferencepools"}
+
+// Members picks the pods that are engines and their engine ports: a label selector and ports,
+// from the config or from an InferencePool.
+type Members struct {
+	Selector labels.Selector
+	Ports    []int
+}
+
+// PodEndpoints are the engines a pod is: none unless it is Running and Ready, not terminating,
+// with an IP; else one per port, named after the pod (and the port, when there are several),
+// carrying the pod's labels.
+func PodEndpoints(pod *corev1.Pod, ports []int) []Endpoint {
+	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP == "" || !podReady(pod) {
+		return nil
+	}
+	out := make([]Endpoint, 0, len(ports))
+	for _, port := range ports {
+		name := pod.Name
+		if len(ports) > 1 {
+			name += "-" + strconv.Itoa(port)
+		}
+		out = append(out, Endpoint{Name: name, Address: net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(port)), Labels: pod.Labels})
+	}
+	return out
+}
+
+func podReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// PoolMembers reads an InferencePool's spec.selector.matchLabels and spec.targetPorts.
+func PoolMembers(pool *unstructured.Unstructured) (Members, error) {
+	match, _, err := unstructured.NestedStringMap(pool.Object, "spec", "selector", "matchLabels")
+	if err != nil {
+		return Members{}, fmt.Errorf("inferencepool %s: spec.selector.matchLabels: %w", pool.GetName(), err)
+	}
+	if len(match) == 0 {
+		return Members{}, fmt.Errorf("inferencepool %s: spec.selector.matchLabels is empty", pool.GetName())
+	}
+	targets, _, err := unstructured.NestedSlice(pool.Object, "spec", "targetPorts")
+	if err != nil {
+		return Members{}, fmt.Errorf("inferencepool %s: spec.targetPorts: %w", pool.GetName(), err)
+	}
+	var ports []int
+	for i, t := range targets {
+		n, _, _ := unstructured.NestedInt64(asMap(t), "number")
+		if n < 1 || n > 65535 {
+			return Members{}, fmt.Errorf("inferencepool %s: spec.targetPorts[%d].number: want a port, got %d", pool.GetName(), i, n)
+		}
+		ports = append(ports, int(n))
+	}
+	if len(ports) == 0 {
+		return Members{}, fmt.Errorf("inferencepool %s: spec.targetPorts is empty", pool.GetName())
+	}
+	return Members{Selector: labels.SelectorFromSet(match), Ports: ports}, nil
+}
+
+func asMap(v any) map[string]any {
+	m, _ := v.(map[string]any)
+	return m
+}
+
+// KubernetesStatus is what /narwhal/state shows of Kubernetes discovery.
+type KubernetesStatus struct {
+	Namespace     string `json:"namespace"`
+	Selector      string `json:"selector"`
+	Ports         []int  `json:"ports"`
+	InferencePool string `json:"inference_pool,omitempty"`
+	// Synced: the pods have been listed once; Read is the last reconciliation and Engines the
+	// engines the pods were then.
+	Synced  bool      `json:"synced"`
+	Read    time.Time `json:"read"`
+	Engines int       `json:"engines"`
+	// Unreachable says why the API server does not answer, since when: placement goes on with
+	// the membership it last had. WatchError is the last error of a watch (a refused one names
+	// the verbs and resource RBAC must grant), and when.
+	Unreachable      string    `json:"unreachable,omitempty"`
+	UnreachableSince time.Time `json:"unreachable_since"`
+	WatchError       string    `json:"watch_error,omitempty"`
+	WatchErrorAt     time.Time `json:"watch_error_at"`
+	// Error is why the pool or the selector cannot be used; Problems the pods that could not be
+	// taken as they are.
+	Error    string   `json:"error,omitempty"`
+	Problems []string `json:"problems,omitempty"`
+	// LabelWrites and LabelErrors count role labels written back to pods (write_role_label).
+	LabelWrites int64  `json:"label_writes"`
+	LabelErrors int64  `json:"label_errors"`
+	LabelError  string `json:"label_error,omitempty"`
+}
+
+// Kubernetes watches pods (and an InferencePool) with client-go informers and reconciles the
+// fleet with the pods that are engines; with WriteRoleLabel it writes the controller's role
+// changes back to the pods. Run it on the leader only.
+type Kubernetes struct {
+	Config  config.DiscoveryKubernetes
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface // for an InferencePool
+	Source  *Source
+	Fleet   *fleet.Fleet
+	// RoleLabel is the label written back (config.Discovery.RoleLabel).
+	RoleLabel string
+	Now       func() time.Time
+	Log       *slog.Logger
+	// OnRead, if set, sees the status after every reconciliation (tests); it must be quick.
+	OnRead func(KubernetesStatus)
+
+	mu      sync.Mutex
+	status  KubernetesStatus
+	members *Members
+	pods    map[string]string // engine id → pod name
+	kick    chan struct{}
+	writes  chan roleWrite
+}
+
+type roleWrite struct {
+	engine, role string
+}
+
+// Status is the watcher's status now.
+func (k *Kubernetes) Status() KubernetesStatus {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	s := k.status
+	s.Problems, s.Ports = slices.Clone(s.Problems), slices.Clone(s.Ports)
+	return s
+}
+
+// Run watches until ctx ends.
+func (k *Kubernetes) Run(ctx context.Context) error {
+	k.kick, k.writes = make(chan struct{}, 1), make(chan roleWrite, 256)
+	c := k.Config
+	k.mu.Lock()
+	k.pods = map[string]string{}
+	k.status = KubernetesStatus{Namespace: c.Namespace, Selector: c.Selector, Ports: c.Ports, InferencePool: c.InferencePool}
+	k.mu.Unlock()
+	resync := config.Seconds(c.ResyncS)
+	if c.InferencePool == "" {
+		sel, err := labels.Parse(c.Selector)
+		if err != nil {
+			return fmt.Errorf("discovery.kubernetes.selector: %w", err)
+		}
+		k.mu.Lock()
+		k.members = &Members{Selector: sel, Ports: c.Ports}
+		k.mu.Unlock()
+	}
+	// The pods: with a selector the API server filters; with a pool (whose selector may
+	// change) every pod of the namespace is watched and filtered here.
+	pf := informers.NewSharedInformerFactoryWithOptions(k.Client, resync, informers.WithNamespace(c.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			if c.InferencePool == "" {
+				o.LabelSelector = c.Selector
+			}
+		}))
+	pods := pf.Core().V1().Pods()
+	podInf := pods.Informer()
+	k.watch(podInf, "pods", "list and watch")
+	var poolInf cache.SharedIndexInformer
+	if c.InferencePool != "" {
+		df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(k.Dynamic, resync, c.Namespace, func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.InferencePool).String()
+		})
+		poolInf = df.ForResource(InferencePoolResource).Informer()
+		k.watch(poolInf, "inferencepools.inference.networking.k8s.io", "list and watch")
+		df.Start(ctx.Done())
+	}
+	pf.Start(ctx.Done())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { k.checkReachable(ctx) })
+	if c.WriteRoleLabel {
+		stop := k.followRoles()
+		defer stop()
+		wg.Go(func() { k.writeLabels(ctx) })
+	}
+	synced := []cache.InformerSynced{podInf.HasSynced}
+	if poolInf != nil {
+		synced = append(synced, poolInf.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return nil // ctx ended
+	}
+	for {
+		if poolInf != nil {
+			k.readPool(poolInf)
+		}
+		k.reconcile(pods.Lister().Pods(c.Namespace))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-k.kick:
+		}
+	}
+}
+
+// watch makes every change of an informer's objects kick a reconciliation, and its watch
+// errors say what is wrong, once per error.
+func (k *Kubernetes) watch(inf cache.SharedIndexInformer, resource, verbs string) {
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { k.poke() },
+		UpdateFunc: func(any, any) { k.poke() },
+		DeleteFunc: func(any) { k.poke() },
+	})
+	_ = inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+			return // a watch that ended: the reflector lists again
+		}
+		msg := err.Error()
+		if apierrors.IsForbidden(err) {
+			msg = fmt.Sprintf("forbidden to %s %s in namespace %s: grant them to Narwhal's service account (docs/kubernetes.md, RBAC): %v", verbs, resource, k.Config.Namespace, err)
+		}
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if k.status.WatchError != msg {
+			k.Log.Error("discovery.kubernetes: watch failed; placement goes on with the last membership", "resource", resource, "err", msg)
+		}
+		k.status.WatchError, k.status.WatchErrorAt = msg, k.Now()
+	})
+}
+
+func (k *Kubernetes) poke() {
+	select {
+	case k.kick <- struct{}{}:
+	default:
+	}
+}
+
+// checkReachable asks the API server its version every second (the reflectors back off
+// quietly while it refuses connections): the status says when it stops answering and when it
+// answers again.
+func (k *Kubernetes) checkReachable(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := k.Client.Discovery().RESTClient().Get().AbsPath("/version").DoRaw(cctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		k.mu.Lock()
+		switch {
+		case err != nil && k.status.Unreachable == "":
+			k.Log.Error("discovery.kubernetes: the API server does not answer; placement goes on with the last membership", "err", err)
+			k.status.Unreachable, k.status.UnreachableSince = err.Error(), k.Now()
+		case err != nil:
+			k.status.Unreachable = err.Error()
+		case k.status.Unreachable != "":
+			k.Log.Info("discovery.kubernetes: the API server answers again", "down_s", k.Now().Sub(k.status.UnreachableSince).Seconds())
+			k.status.Unreachable, k.status.UnreachableSince = "", time.Time{}
+		}
+		k.mu.Unlock()
+	}
+}
+
+// readPool takes the InferencePool's selector and ports; a pool that is missing or unusable
+// leaves the members as they were (said in the status).
+func (k *Kubernetes) readPool(inf cache.SharedIndexInformer) {
+	objs := inf.GetStore().List()
+	var m Members
+	err := fmt.Errorf("inferencepool %s/%s not found", k.Config.Namespace, k.Config.InferencePool)
+	for _, o := range objs {
+		if u, ok := o.(*unstructured.Unstructured); ok && u.GetName() == k.Config.InferencePool {
+			m, err = PoolMembers(u)
+		}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err != nil {
+		if k.status.Error != err.Error() {
+			k.Log.Error("discovery.kubernetes: the pool cannot be used; the fleet keeps its engines", "err", err)
+		}
+		k.status.Error = err.Error()
+		return
+	}
+	k.status.Error = ""
+	k.members = &m
+	k.status.Selector, k.status.Ports = m.Selector.String(), m.Ports
+}
+
+// reconcile makes the fleet's Kubernetes engines the Ready pods' endpoints.
+func (k *Kubernetes) reconcile(lister interface {
+	List(labels.Selector) ([]*corev1.Pod, error)
+}) {
+	k.mu.Lock()
+	m := k.members
+	k.mu.Unlock()
+	if m == nil {
+		return // no usable pool yet
+	}
+	pods, err := lister.List(m.Selector)
+	if err != nil {
+		return
+	}
+	slices.SortFunc(pods, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	var eps []Endpoint
+	names := map[string]string{}
+	for _, p := range pods {
+		for _, ep := range PodEndpoints(p, m.Ports) {
+			eps = append(eps, ep)
+			names[ep.Name] = p.Name
+		}
+	}
+	now := k.Now()
+	res := k.Source.Reconcile(k.Fleet, eps, now)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !slices.Equal(res.Problems, k.status.Problems) {
+		for _, p := range res.Problems {
+			k.Log.Warn("discovery.kubernetes: pod not taken as it is", "problem", p)
+		}
+	}
+	if len(eps) == 0 && !k.status.Synced {
+		k.Log.Warn("discovery.kubernetes: no Ready pod matches", "namespace", k.Config.Namespace, "selector", m.Selector.String())
+	}
+	if res.Changed() {
+		k.Log.Info("discovery.kubernetes: fleet reconciled", "added", res.Added, "removed", res.Removed, "relabelled", res.Moved)
+	}
+	k.pods = names
+	k.status.Synced, k.status.Read, k.status.Engines, k.status.Problems = true, now, len(eps), res.Problems
+	if k.OnRead != nil {
+		s := k.status
+		s.Problems = slices.Clone(s.Problems)
+		k.OnRead(s)
+	}
+}
+
+// followRoles queues a label write for every role change the controller makes to an engine
+// of Kubernetes (an operator's relabel is the label already).
+func (k *Kubernetes) followRoles() (stop func()) {
+	var stopped sync.Once
+	done := make(chan struct{})
+	k.Fleet.OnChange(func(ev fleet.Event) {
+		if ev.Kind != fleet.EventRole || fleet.IsOperatorCause(ev.Cause) {
+			return
+		}
+		select {
+		case <-done:
+			return
+		default:
+		}
+		select {
+		case k.writes <- roleWrite{engine: ev.Engine, role: ev.To}:
+		default:
+			k.Log.Warn("discovery.kubernetes: role label writes backed up; this one is dropped (the next resync corrects nothing: write it by hand)", "engine", ev.Engine, "role", ev.To)
+		}
+	})
+	return func() { stopped.Do(func() { close(done) }) }
+}
+
+// writeLabels patches each queued role onto its pod, retrying with backoff (up to a minute).
+func (k *Kubernetes) writeLabels(ctx context.Context) {
+	for {
+		var w roleWrite
+		select {
+		case <-ctx.Done():
+			return
+		case w = <-k.writes:
+		}
+		e, ok := k.Fleet.Engine(w.engine)
+		if !ok || e.Source != SourceKubernetes {
+			continue
+		}
+		k.mu.Lock()
+		pod := k.pods[w.engine]
+		k.mu.Unlock()
+		if pod == "" {
+			continue
+		}
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{k.RoleLabel: w.role}}})
+		var err error
+		for delay := 100 * time.Millisecond; ; delay = min(2*delay, 10*time.Second) {
+			_, err = k.Client.CoreV1().Pods(k.Config.Namespace).Patch(ctx, pod, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "narwhal"})
+			if err == nil || apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || ctx.Err() != nil || delay >= 10*time.Second {
+				break
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(delay):
+			}
+		}
+		k.mu.Lock()
+		switch {
+		case err == nil:
+			k.status.LabelWrites++
+		case errors.Is(err, context.Canceled):
+		default:
+			k.status.LabelErrors++
+			msg := err.Error()
+			if apierrors.IsForbidden(err) {
+				msg = fmt.Sprintf("forbidden to patch pods in namespace %s: grant patch on pods to Narwhal's service account (docs/kubernetes.md, RBAC): %v", k.Config.Namespace, err)
+			}
+			if msg != k.status.LabelError {
+				k.Log.Error("discovery.kubernetes: role label not written", "pod", pod, "role", w.role, "err", msg)
+			}
+			k.status.LabelError = msg
+		}
+		k.mu.Unlock()
+	}
+}

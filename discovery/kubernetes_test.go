@@ -1,0 +1,312 @@
+//go:build kubernetes
+
+package discovery
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/internal/kubetest"
+)
+
+const ns = "llm"
+
+// cluster is a real API server with the namespace, the InferencePool CRD, and a user "narwhal"
+// bound to the Role docs/kubernetes.md asks for.
+type cluster struct {
+	s     *kubetest.Server
+	admin kubernetes.Interface
+	dyn   dynamic.Interface
+}
+
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	s := kubetest.Start(t)
+	c := &cluster{s: s, admin: kubernetes.NewForConfigOrDie(s.Admin), dyn: dynamic.NewForConfigOrDie(s.Admin)}
+	ctx := context.Background()
+	if _, err := c.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.role(t, "narwhal", []string{"get", "list", "watch", "patch"})
+	c.installCRD(t)
+	return c
+}
+
+// role grants user the verbs on pods, and list and watch on InferencePools, in the namespace.
+func (c *cluster) role(t *testing.T, user string, podVerbs []string) {
+	t.Helper()
+	ctx := context.Background()
+	r := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: user, Namespace: ns}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: podVerbs},
+		{APIGroups: []string{"inference.networking.k8s.io"}, Resources: []string{"inferencepools"}, Verbs: []string{"get", "list", "watch"}},
+	}}
+	if _, err := c.admin.RbacV1().Roles(ns).Create(ctx, r, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: user, Namespace: ns},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: user},
+		Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: user}}}
+	if _, err := c.admin.RbacV1().RoleBindings(ns).Create(ctx, b, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (c *cluster) installCRD(t *testing.T) {
+	t.Helper()
+	data, err := os.ReadFile("testdata/inferencepool-crd.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var obj map[string]any
+	if err := yaml.Unmarshal(data, &obj); err != nil {
+		t.Fatal(err)
+	}
+	crds := c.dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
+	if _, err := crds.Create(context.Background(), &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the InferencePool CRD established", func() bool {
+		u, err := crds.Get(context.Background(), "inferencepools.inference.networking.k8s.io", metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+		return slices.ContainsFunc(conds, func(c any) bool {
+			m := asMap(c)
+			return m["type"] == "Established" && m["status"] == "True"
+		})
+	})
+}
+
+// pod creates a pod and makes it Running and Ready at ip, as a kubelet would; on a node, its
+// deletion is graceful (it stays, terminating, until a kubelet that never comes finishes it).
+func (c *cluster) pod(t *testing.T, name, ip string, lbl map[string]string, node string) {
+	t.Helper()
+	ctx := context.Background()
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: lbl},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "engine", Image: "vllm/vllm-openai"}}}}
+	p, err := c.admin.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.setReady(t, p, ip, true)
+}
+
+func (c *cluster) setReady(t *testing.T, p *corev1.Pod, ip string, ready bool) {
+	t.Helper()
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}}
+	if _, err := c.admin.CoreV1().Pods(ns).UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (c *cluster) get(t *testing.T, name string) *corev1.Pod {
+	t.Helper()
+	p, err := c.admin.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// eventually polls cond until it holds (30 s at most).
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 30 s: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func watcher(t *testing.T, c *cluster, user string, kc config.DiscoveryKubernetes) (*Kubernetes, *fleet.Fleet) {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Engines = nil
+	cfg.Discovery.Kubernetes = kc
+	f, err := fleet.New(cfg, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	restCfg := c.s.User(t, user)
+	k := &Kubernetes{Config: kc, Client: kubernetes.NewForConfigOrDie(restCfg), Dynamic: dynamic.NewForConfigOrDie(restCfg),
+		Source: NewSource(SourceKubernetes, cfg), Fleet: f, RoleLabel: config.LabelRole, Now: time.Now, Log: slog.New(slog.DiscardHandler)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- k.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return k, f
+}
+
+// Membership follows the pods: Ready pods join in their label's role (or open), a pod that is
+// no longer Ready, terminating or deleted leaves, a pod back at another IP leaves and joins; a
+// move by the controller is written to the pod's label, an operator's relabel is taken; the
+// API server going away loses nothing, and what changed while it was away is caught up.
+func TestKubernetesDiscovery(t *testing.T) {
+	c := newCluster(t)
+	k, f := watcher(t, c, "narwhal", config.DiscoveryKubernetes{Namespace: ns, Selector: "app=vllm", Ports: []int{8000}, WriteRoleLabel: true, ResyncS: 300})
+	vllm := func(role string) map[string]string {
+		l := map[string]string{"app": "vllm"}
+		if role != "" {
+			l[config.LabelRole] = role
+		}
+		return l
+	}
+	c.pod(t, "p1", "10.1.0.1", vllm("prefill"), "")
+	c.pod(t, "d1", "10.1.0.2", vllm("decode"), "")
+	c.pod(t, "x1", "10.1.0.3", vllm("prefill-decode"), "node-a")
+	c.pod(t, "other", "10.1.0.9", map[string]string{"app": "web"}, "")
+	is := func(want ...string) func() bool {
+		slices.Sort(want)
+		return func() bool { got := members(f); slices.Sort(got); return slices.Equal(got, want) }
+	}
+	eventually(t, "three engines", is("p1@10.1.0.1:8000:prefill", "d1@10.1.0.2:8000:decode", "x1@10.1.0.3:8000:decode"))
+	if x, _ := f.Engine("x1"); !x.RoleOpen || x.Source != SourceKubernetes {
+		t.Fatalf("x1 = %+v", x)
+	}
+
+	// d1 not Ready: it leaves. x1 deleted while on a node: terminating, it leaves.
+	c.setReady(t, c.get(t, "d1"), "10.1.0.2", false)
+	if err := c.admin.CoreV1().Pods(ns).Delete(context.Background(), "x1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "d1 and x1 gone", is("p1@10.1.0.1:8000:prefill"))
+	if c.get(t, "x1").DeletionTimestamp == nil {
+		t.Fatal("x1 is not terminating: the test does not test that")
+	}
+	// d1 Ready again at a new IP (a rescheduled pod of the same name): it joins there.
+	if err := c.admin.CoreV1().Pods(ns).Delete(context.Background(), "d1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.pod(t, "d1", "10.1.0.12", vllm("decode"), "")
+	eventually(t, "d1 at its new address", is("p1@10.1.0.1:8000:prefill", "d1@10.1.0.12:8000:decode"))
+
+	// The controller moves p1 to decode: the pod's label follows.
+	if _, err := f.SetRole("p1", fleet.Decode, time.Now(), "decision 3"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "p1's label written", func() bool { return c.get(t, "p1").Labels[config.LabelRole] == "decode" })
+	if s := k.Status(); s.LabelWrites != 1 || s.LabelErrors != 0 {
+		t.Fatalf("status %+v", s)
+	}
+	// An operator relabels d1 prefill: the fleet takes it as the operator's move.
+	var evs []fleet.Event
+	evCh := make(chan fleet.Event, 16)
+	f.OnChange(func(e fleet.Event) { evCh <- e })
+	patch := []byte(`{"metadata":{"labels":{"llm-d.ai/role":"prefill"}}}`)
+	if _, err := c.admin.CoreV1().Pods(ns).Patch(context.Background(), "d1", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "d1 relabelled", is("p1@10.1.0.1:8000:decode", "d1@10.1.0.12:8000:prefill"))
+	for len(evCh) > 0 {
+		evs = append(evs, <-evCh)
+	}
+	if len(evs) != 1 || evs[0].Kind != fleet.EventRole || !fleet.IsOperatorCause(evs[0].Cause) {
+		t.Fatalf("events %+v", evs)
+	}
+	if s := k.Status(); s.LabelWrites != 1 {
+		t.Fatalf("the operator's relabel was written back: %+v", s)
+	}
+
+	// The API server goes away: placement keeps the membership, the status says so.
+	c.s.Stop()
+	eventually(t, "unreachable reported", func() bool { return k.Status().Unreachable != "" })
+	if got := members(f); len(got) != 2 {
+		t.Fatalf("membership lost while the API server is away: %v", got)
+	}
+	c.s.Restart()
+	c.pod(t, "d2", "10.1.0.4", vllm("decode"), "")
+	eventually(t, "d2 joins after the API server is back", is("p1@10.1.0.1:8000:decode", "d1@10.1.0.12:8000:prefill", "d2@10.1.0.4:8000:decode"))
+	eventually(t, "reachable again", func() bool { return k.Status().Unreachable == "" })
+}
+
+// An InferencePool names the members: its selector and target ports; a change of the pool is
+// followed; a missing pool keeps what the fleet has and says so.
+func TestKubernetesInferencePool(t *testing.T) {
+	c := newCluster(t)
+	pools := c.dyn.Resource(InferencePoolResource).Namespace(ns)
+	pool := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+		"metadata": map[string]any{"name": "llama", "namespace": ns},
+		"spec": map[string]any{
+			"selector":          map[string]any{"matchLabels": map[string]any{"model": "llama"}},
+			"targetPorts":       []any{map[string]any{"number": int64(8000)}},
+			"endpointPickerRef": map[string]any{"name": "narwhal", "port": map[string]any{"number": int64(9002)}},
+		},
+	}}
+	if _, err := pools.Create(context.Background(), pool, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	k, f := watcher(t, c, "narwhal", config.DiscoveryKubernetes{Namespace: ns, InferencePool: "llama", ResyncS: 300})
+	c.pod(t, "a", "10.2.0.1", map[string]string{"model": "llama", config.LabelRole: "prefill"}, "")
+	c.pod(t, "b", "10.2.0.2", map[string]string{"model": "mistral", config.LabelRole: "decode"}, "")
+	eventually(t, "a from the pool", func() bool { return slices.Equal(members(f), []string{"a@10.2.0.1:8000:prefill"}) })
+	// The pool now takes mistral pods on port 9000.
+	cur, err := pools.Get(context.Background(), "llama", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = unstructured.SetNestedStringMap(cur.Object, map[string]string{"model": "mistral"}, "spec", "selector", "matchLabels")
+	_ = unstructured.SetNestedSlice(cur.Object, []any{map[string]any{"number": int64(9000)}}, "spec", "targetPorts")
+	if _, err := pools.Update(context.Background(), cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "b from the changed pool", func() bool { return slices.Equal(members(f), []string{"b@10.2.0.2:9000:decode"}) })
+	if s := k.Status(); s.Selector != "model=mistral" || !slices.Equal(s.Ports, []int{9000}) {
+		t.Fatalf("status %+v", s)
+	}
+	if err := pools.Delete(context.Background(), "llama", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the missing pool reported", func() bool { return strings.Contains(k.Status().Error, "not found") })
+	if got := members(f); len(got) != 1 {
+		t.Fatalf("a missing pool emptied the fleet: %v", got)
+	}
+}
+
+// RBAC that forbids the watch or the patch is said in one line naming the verb and resource.
+func TestKubernetesRBAC(t *testing.T) {
+	c := newCluster(t)
+	c.role(t, "readonly", []string{"get", "list", "watch"})
+	k, f := watcher(t, c, "readonly", config.DiscoveryKubernetes{Namespace: ns, Selector: "app=vllm", Ports: []int{8000}, WriteRoleLabel: true, ResyncS: 300})
+	c.pod(t, "p1", "10.3.0.1", map[string]string{"app": "vllm", config.LabelRole: "prefill"}, "")
+	eventually(t, "p1 joins", func() bool { return len(members(f)) == 1 })
+	if _, err := f.SetRole("p1", fleet.Decode, time.Now(), "decision 1"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the refused patch reported", func() bool { return strings.Contains(k.Status().LabelError, "forbidden to patch pods") })
+
+	nobody, _ := watcher(t, c, "nobody", config.DiscoveryKubernetes{Namespace: ns, Selector: "app=vllm", Ports: []int{8000}, ResyncS: 300})
+	eventually(t, "the refused watch reported", func() bool {
+		return strings.Contains(nobody.Status().WatchError, "forbidden to list and watch pods")
+	})
+}
