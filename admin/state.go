@@ -45,7 +45,8 @@ type HAState struct {
 
 // DiscoveryState is what the sources of engines at run time report (docs/discovery.md).
 type DiscoveryState struct {
-	File *discovery.FileStatus `json:"file,omitempty"`
+	File       *discovery.FileStatus       `json:"file,omitempty"`
+	Kubernetes *discovery.KubernetesStatus `json:"kubernetes,omitempty"`
 }
 
 // SizingState is the running error of local prompt sizing for one model, measured against the

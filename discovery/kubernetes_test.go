@@ -5,7 +5,6 @@ package discovery
 import (
 	"context"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -15,11 +14,9 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/yaml"
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
@@ -28,120 +25,39 @@ import (
 
 const ns = "llm"
 
+// narwhalRules are the Role docs/kubernetes.md asks for, pod verbs aside.
+func narwhalRules(podVerbs ...string) []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: podVerbs},
+		{APIGroups: []string{"inference.networking.k8s.io"}, Resources: []string{"inferencepools"}, Verbs: []string{"get", "list", "watch"}},
+	}
+}
+
 // cluster is a real API server with the namespace, the InferencePool CRD, and a user "narwhal"
 // bound to the Role docs/kubernetes.md asks for.
 type cluster struct {
-	s     *kubetest.Server
-	admin kubernetes.Interface
-	dyn   dynamic.Interface
+	kubetest.Clients
+	s *kubetest.Server
 }
 
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
 	s := kubetest.Start(t)
-	c := &cluster{s: s, admin: kubernetes.NewForConfigOrDie(s.Admin), dyn: dynamic.NewForConfigOrDie(s.Admin)}
-	ctx := context.Background()
-	if _, err := c.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	c.role(t, "narwhal", []string{"get", "list", "watch", "patch"})
-	c.installCRD(t)
+	c := &cluster{Clients: s.AdminClients(), s: s}
+	c.Namespace(t, ns)
+	c.Grant(t, ns, "narwhal", narwhalRules("get", "list", "watch", "patch")...)
+	c.InstallCRD(t, "testdata/inferencepool-crd.yaml")
 	return c
 }
 
-// role grants user the verbs on pods, and list and watch on InferencePools, in the namespace.
-func (c *cluster) role(t *testing.T, user string, podVerbs []string) {
-	t.Helper()
-	ctx := context.Background()
-	r := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: user, Namespace: ns}, Rules: []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: podVerbs},
-		{APIGroups: []string{"inference.networking.k8s.io"}, Resources: []string{"inferencepools"}, Verbs: []string{"get", "list", "watch"}},
-	}}
-	if _, err := c.admin.RbacV1().Roles(ns).Create(ctx, r, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	b := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: user, Namespace: ns},
-		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: user},
-		Subjects: []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: user}}}
-	if _, err := c.admin.RbacV1().RoleBindings(ns).Create(ctx, b, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (c *cluster) installCRD(t *testing.T) {
-	t.Helper()
-	data, err := os.ReadFile("testdata/inferencepool-crd.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var obj map[string]any
-	if err := yaml.Unmarshal(data, &obj); err != nil {
-		t.Fatal(err)
-	}
-	crds := c.dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
-	if _, err := crds.Create(context.Background(), &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the InferencePool CRD established", func() bool {
-		u, err := crds.Get(context.Background(), "inferencepools.inference.networking.k8s.io", metav1.GetOptions{})
-		if err != nil {
-			return false
-		}
-		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-		return slices.ContainsFunc(conds, func(c any) bool {
-			m := asMap(c)
-			return m["type"] == "Established" && m["status"] == "True"
-		})
-	})
-}
-
-// pod creates a pod and makes it Running and Ready at ip, as a kubelet would; on a node, its
-// deletion is graceful (it stays, terminating, until a kubelet that never comes finishes it).
 func (c *cluster) pod(t *testing.T, name, ip string, lbl map[string]string, node string) {
 	t.Helper()
-	ctx := context.Background()
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: lbl},
-		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "engine", Image: "vllm/vllm-openai"}}}}
-	p, err := c.admin.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.setReady(t, p, ip, true)
+	c.Pod(t, ns, name, ip, lbl, node)
 }
 
-func (c *cluster) setReady(t *testing.T, p *corev1.Pod, ip string, ready bool) {
-	t.Helper()
-	status := corev1.ConditionFalse
-	if ready {
-		status = corev1.ConditionTrue
-	}
-	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
-		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: status}}}
-	if _, err := c.admin.CoreV1().Pods(ns).UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
+func (c *cluster) get(t *testing.T, name string) *corev1.Pod { t.Helper(); return c.GetPod(t, ns, name) }
 
-func (c *cluster) get(t *testing.T, name string) *corev1.Pod {
-	t.Helper()
-	p, err := c.admin.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// eventually polls cond until it holds (30 s at most).
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 30 s: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
+var eventually = kubetest.Eventually
 
 func watcher(t *testing.T, c *cluster, user string, kc config.DiscoveryKubernetes) (*Kubernetes, *fleet.Fleet) {
 	t.Helper()
@@ -195,18 +111,14 @@ func TestKubernetesDiscovery(t *testing.T) {
 	}
 
 	// d1 not Ready: it leaves. x1 deleted while on a node: terminating, it leaves.
-	c.setReady(t, c.get(t, "d1"), "10.1.0.2", false)
-	if err := c.admin.CoreV1().Pods(ns).Delete(context.Background(), "x1", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c.SetReady(t, c.get(t, "d1"), "10.1.0.2", false)
+	c.DeletePod(t, ns, "x1")
 	eventually(t, "d1 and x1 gone", is("p1@10.1.0.1:8000:prefill"))
 	if c.get(t, "x1").DeletionTimestamp == nil {
 		t.Fatal("x1 is not terminating: the test does not test that")
 	}
 	// d1 Ready again at a new IP (a rescheduled pod of the same name): it joins there.
-	if err := c.admin.CoreV1().Pods(ns).Delete(context.Background(), "d1", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	c.DeletePod(t, ns, "d1")
 	c.pod(t, "d1", "10.1.0.12", vllm("decode"), "")
 	eventually(t, "d1 at its new address", is("p1@10.1.0.1:8000:prefill", "d1@10.1.0.12:8000:decode"))
 
@@ -223,7 +135,7 @@ func TestKubernetesDiscovery(t *testing.T) {
 	evCh := make(chan fleet.Event, 16)
 	f.OnChange(func(e fleet.Event) { evCh <- e })
 	patch := []byte(`{"metadata":{"labels":{"llm-d.ai/role":"prefill"}}}`)
-	if _, err := c.admin.CoreV1().Pods(ns).Patch(context.Background(), "d1", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if _, err := c.Kube.CoreV1().Pods(ns).Patch(context.Background(), "d1", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "d1 relabelled", is("p1@10.1.0.1:8000:decode", "d1@10.1.0.12:8000:prefill"))
@@ -253,7 +165,7 @@ func TestKubernetesDiscovery(t *testing.T) {
 // followed; a missing pool keeps what the fleet has and says so.
 func TestKubernetesInferencePool(t *testing.T) {
 	c := newCluster(t)
-	pools := c.dyn.Resource(InferencePoolResource).Namespace(ns)
+	pools := c.Dynamic.Resource(InferencePoolResource).Namespace(ns)
 	pool := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
 		"metadata": map[string]any{"name": "llama", "namespace": ns},
@@ -296,7 +208,7 @@ func TestKubernetesInferencePool(t *testing.T) {
 // RBAC that forbids the watch or the patch is said in one line naming the verb and resource.
 func TestKubernetesRBAC(t *testing.T) {
 	c := newCluster(t)
-	c.role(t, "readonly", []string{"get", "list", "watch"})
+	c.Grant(t, ns, "readonly", narwhalRules("get", "list", "watch")...)
 	k, f := watcher(t, c, "readonly", config.DiscoveryKubernetes{Namespace: ns, Selector: "app=vllm", Ports: []int{8000}, WriteRoleLabel: true, ResyncS: 300})
 	c.pod(t, "p1", "10.3.0.1", map[string]string{"app": "vllm", config.LabelRole: "prefill"}, "")
 	eventually(t, "p1 joins", func() bool { return len(members(f)) == 1 })

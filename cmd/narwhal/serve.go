@@ -157,7 +157,27 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	if cfg.Discovery.File.Path != "" {
 		files = &discovery.File{Path: cfg.Discovery.File.Path, Resync: config.Seconds(cfg.Discovery.File.ResyncS),
 			Source: discovery.NewSource(discovery.SourceFile, cfg), Fleet: f, Now: time.Now, Log: log}
-		discoveryState = func() admin.DiscoveryState { st := files.Status(); return admin.DiscoveryState{File: &st} }
+	}
+	var kube *discovery.Kubernetes // pods as engines (docs/kubernetes.md); nil without
+	if kc := cfg.Discovery.Kubernetes; kc.Enabled() {
+		if kube, err = newKubernetes(cfg, f, log); err != nil {
+			closeAll(lns)
+			return failureErr(err)
+		}
+	}
+	if files != nil || kube != nil {
+		discoveryState = func() admin.DiscoveryState {
+			var st admin.DiscoveryState
+			if files != nil {
+				fs := files.Status()
+				st.File = &fs
+			}
+			if kube != nil {
+				ks := kube.Status()
+				st.Kubernetes = &ks
+			}
+			return st
+		}
 	}
 	adm := admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log,
 		Router: live, Sizing: sizer.Errors, XDS: xds, Controller: roles, HA: haState, History: rec.ring, Discovery: discoveryState})
@@ -233,6 +253,13 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 				}
 			})
 		}
+		if kube != nil {
+			wg.Go(func() {
+				if err := kube.Run(runCtx); err != nil {
+					fail(err)
+				}
+			})
+		}
 		persist.Kick() // the first start writes the config's state at once
 		health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 		adm.SetReady(true)
@@ -272,7 +299,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	}
 	log.Info("narwhal serving", "version", version, "admin", adminLn.Addr().String(),
 		"extproc", extprocLn.Addr().String(), "xds", xdsLn.Addr().String(), "engines", len(snap.Engines), "prefill", p, "decode", d,
-		"discovery_file", cfg.Discovery.File.Path)
+		"discovery_file", cfg.Discovery.File.Path, "discovery_kubernetes", cfg.Discovery.Kubernetes.Namespace)
 
 	var runErr error
 	select {

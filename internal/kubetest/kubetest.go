@@ -27,6 +27,8 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/narwhal-llm/narwhal/internal/etcdtest"
 	"github.com/narwhal-llm/narwhal/internal/logbuf"
@@ -126,6 +128,22 @@ func (s *Server) User(t testing.TB, name string, groups ...string) *rest.Config 
 	cert, key := s.issue(t, name, groups, false)
 	return &rest.Config{Host: s.Host, TLSClientConfig: rest.TLSClientConfig{CertData: cert, KeyData: key, CAData: s.caPEM},
 		QPS: 100, Burst: 200, Timeout: 10 * time.Second}
+}
+
+// Kubeconfig writes a kubeconfig file for user (in groups) in dir and returns its path.
+func (s *Server) Kubeconfig(t testing.TB, dir, user string, groups ...string) string {
+	t.Helper()
+	rc := s.User(t, user, groups...)
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["test"] = &clientcmdapi.Cluster{Server: rc.Host, CertificateAuthorityData: rc.CAData}
+	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificateData: rc.CertData, ClientKeyData: rc.KeyData}
+	cfg.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: user}
+	cfg.CurrentContext = "test"
+	path := filepath.Join(dir, user+".kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // Stop stops the API server (it goes away; Restart brings it back on the same port and etcd).

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/discovery"
+	"github.com/narwhal-llm/narwhal/fleet"
+)
+
+// newKubernetes builds the Kubernetes discovery of cfg: its client from
+// discovery.kubernetes.kubeconfig, or in-cluster from the pod's service account.
+func newKubernetes(cfg *config.Config, f *fleet.Fleet, log *slog.Logger) (*discovery.Kubernetes, error) {
+	kc := cfg.Discovery.Kubernetes
+	rc, err := kubeClientConfig(kc.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	rc.UserAgent = "narwhal/" + version
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("discovery.kubernetes: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("discovery.kubernetes: %w", err)
+	}
+	return &discovery.Kubernetes{Config: kc, Client: cs, Dynamic: dyn, Source: discovery.NewSource(discovery.SourceKubernetes, cfg),
+		Fleet: f, RoleLabel: cfg.Discovery.RoleLabel, Now: time.Now, Log: log}, nil
+}
+
+// kubeClientConfig reads a kubeconfig file, or, with none, the in-cluster config.
+func kubeClientConfig(path string) (*rest.Config, error) {
+	if path == "" {
+		rc, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("discovery.kubernetes: not in a cluster (%w): set discovery.kubernetes.kubeconfig", err)
+		}
+		return rc, nil
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		return nil, fmt.Errorf("discovery.kubernetes.kubeconfig %s: %w", path, err)
+	}
+	return rc, nil
+}
