@@ -55,7 +55,10 @@ func (c *cluster) pod(t *testing.T, name, ip string, lbl map[string]string, node
 	c.Pod(t, ns, name, ip, lbl, node)
 }
 
-func (c *cluster) get(t *testing.T, name string) *corev1.Pod { t.Helper(); return c.GetPod(t, ns, name) }
+func (c *cluster) get(t *testing.T, name string) *corev1.Pod {
+	t.Helper()
+	return c.GetPod(t, ns, name)
+}
 
 var eventually = kubetest.Eventually
 
