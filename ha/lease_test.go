@@ -1,0 +1,116 @@
+//go:build kubernetes
+
+package ha
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/narwhal-llm/narwhal/internal/kubetest"
+)
+
+// TestKubernetesLease: replicas elect one leader on a real API server's Lease; the state is
+// written only by the leader of the latest epoch, read and followed by the others; a leader
+// that stops renewing is replaced within the Lease's duration, one that resigns at once.
+func TestKubernetesLease(t *testing.T) {
+	s := kubetest.Start(t)
+	c := s.AdminClients()
+	const ns = "narwhal"
+	c.Namespace(t, ns)
+	rules := []rbacv1.PolicyRule{
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "create", "update"}},
+	}
+	c.Grant(t, ns, "narwhal", rules...)
+	node := func(id string) *LeaseNode {
+		return NewLeaseNode(LeaseOptions{Client: kubernetes.NewForConfigOrDie(s.User(t, "narwhal")), Namespace: ns, Name: "narwhal", LeaseTTLS: 2, ID: id})
+	}
+	ctx := context.Background()
+	a, b := node("a"), node("b")
+	if err := a.Campaign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	won := make(chan error, 1)
+	go func() { won <- b.Campaign(ctx) }()
+	if id, err := b.Leader(ctx); id != "a" || err != nil {
+		t.Fatalf("leader %q %v", id, err)
+	}
+	if _, err := b.Save(ctx, []byte("b's")); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("a standby wrote: %v", err)
+	}
+	rev1, err := a.Save(ctx, []byte("one"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	follow, stopFollow := context.WithCancel(ctx)
+	defer stopFollow()
+	seen := b.Watch(follow, rev1)
+	if data, rev, err := b.Load(ctx); string(data) != "one" || rev != rev1 || err != nil {
+		t.Fatalf("load %q %d %v", data, rev, err)
+	}
+	if _, err := a.Save(ctx, []byte("two")); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-seen; string(got) != "two" {
+		t.Fatalf("the standby saw %q", got)
+	}
+
+	// a stops renewing (a process paused or killed): b takes over within the Lease's duration,
+	// and a's writes are refused from then on.
+	a.mu.Lock()
+	a.stop()
+	a.mu.Unlock()
+	select {
+	case err := <-won:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("b did not take over within 10 s of a 2 s Lease")
+	}
+	if _, err := a.Save(ctx, []byte("late")); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("the deposed leader wrote: %v", err)
+	}
+	if _, err := b.Save(ctx, []byte("three")); err != nil {
+		t.Fatal(err)
+	}
+	// A state written by a later epoch fences this one off.
+	cm, err := c.Kube.CoreV1().ConfigMaps(ns).Get(ctx, "narwhal-state", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cm.Annotations[epochAnnotation] != "2" || cm.Data[stateDataKey] != "three" {
+		t.Fatalf("state %v %v", cm.Annotations, cm.Data)
+	}
+	cm.Annotations[epochAnnotation] = "99"
+	if _, err := c.Kube.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Save(ctx, []byte("four")); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("written over a later epoch: %v", err)
+	}
+	// b resigns: a new replica leads at its first try.
+	if err := b.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d := node("d")
+	begin := time.Now()
+	if err := d.Campaign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(begin); took > time.Second {
+		t.Fatalf("took %v after a resignation", took)
+	}
+	if id, _ := d.Leader(ctx); id != "d" {
+		t.Fatalf("leader %q", id)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
