@@ -117,11 +117,13 @@ type State struct {
 	Dir string `yaml:"dir" json:"dir"`
 }
 
-// HA configures several replicas on etcd (docs/ha.md); without endpoints Narwhal is a single
+// HA configures several replicas sharing one fleet (docs/ha.md): on etcd, or on the Kubernetes
+// API server (a Lease and a ConfigMap; docs/kubernetes.md); with neither Narwhal is a single
 // instance.
 type HA struct {
-	Etcd      Etcd `yaml:"etcd" json:"etcd"`
-	LeaseTTLS int  `yaml:"lease_ttl_s" json:"lease_ttl_s"`
+	Etcd       Etcd         `yaml:"etcd" json:"etcd"`
+	Kubernetes HAKubernetes `yaml:"kubernetes" json:"kubernetes"`
+	LeaseTTLS  int          `yaml:"lease_ttl_s" json:"lease_ttl_s"`
 }
 
 // Etcd is the etcd cluster the replicas share.
@@ -139,7 +141,15 @@ type EtcdTLS struct {
 }
 
 // Enabled reports whether replicas share state on etcd.
-func (h HA) Enabled() bool { return len(h.Etcd.Endpoints) > 0 }
+func (h HA) Enabled() bool { return len(h.Etcd.Endpoints) > 0 || h.Kubernetes.Namespace != "" }
+
+// HAKubernetes elects the leader with the coordination.k8s.io Lease Name and keeps the durable
+// state in the ConfigMap Name-state, in Namespace.
+type HAKubernetes struct {
+	Namespace  string `yaml:"namespace" json:"namespace"` // "": not on Kubernetes
+	Name       string `yaml:"name" json:"name"`
+	Kubeconfig string `yaml:"kubeconfig" json:"kubeconfig"` // "": in-cluster
+}
 
 // StateDir is the directory of the state file.
 func (s State) StateDir() string {

@@ -46,7 +46,7 @@ func Default() *Config {
 		Health: Health{Path: "/health", IntervalS: 1, TimeoutS: 0.5, UnhealthyAfter: 3, HealthyAfter: 3, RecoverS: 10,
 			Passive: Passive{ConsecutiveFailures: 3}},
 		XDS:            XDS{ClusterPrefix: "narwhal"},
-		HA:             HA{Etcd: Etcd{Endpoints: []string{}, Prefix: "/narwhal"}, LeaseTTLS: 5},
+		HA:             HA{Etcd: Etcd{Endpoints: []string{}, Prefix: "/narwhal"}, Kubernetes: HAKubernetes{Name: "narwhal"}, LeaseTTLS: 5},
 		ShutdownGraceS: 30,
 		Sim:            Sim{NoiseSigma: 0.05, Truth: Truth{PrefillScale: 1, DecodeScale: 1}},
 		Discovery: Discovery{RoleLabel: LabelRole, ProfileLabel: LabelProfile, Switch: SwitchRouting,

@@ -238,6 +238,12 @@ func (k *checker) ha(h HA) {
 	if !h.Enabled() {
 		return
 	}
+	if len(h.Etcd.Endpoints) > 0 && h.Kubernetes.Namespace != "" {
+		k.add("ha.kubernetes.namespace", []string{"ha.etcd.endpoints"}, "replicas share one store: set ha.etcd.endpoints or ha.kubernetes, not both")
+	}
+	if h.Kubernetes.Namespace != "" && !IsName(h.Kubernetes.Name) {
+		k.add("ha.kubernetes.name", nil, "must be an object name, got %q", h.Kubernetes.Name)
+	}
 	for i, e := range h.Etcd.Endpoints {
 		u, err := url.Parse(e)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

@@ -2,6 +2,7 @@ package ha
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -145,38 +146,55 @@ func (n *LeaseNode) tryAcquire(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// renew renews the Lease every third of its duration. When it has not renewed for two thirds
-// of it (the API server away, another replica holding it), it stops leading: Lost closes, and
-// no state write passes the fence from then on.
+// renew renews the Lease every third of its duration, each attempt bounded by a third of it.
+// When it has not renewed for two thirds of it (the API server away or slow, another replica
+// holding it), it stops leading — a third of the duration before another replica may take the
+// Lease: Lost closes, and no state write passes the fence from then on.
 func (n *LeaseNode) renew(ctx context.Context) {
-	last := n.o.Now()
+	last := n.o.Now() // the renew time of the last successful renewal
+	deadline := 2 * n.ttl() / 3
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(n.ttl() / 3):
 		}
-		cur, err := n.leases().Get(ctx, n.o.Name, metav1.GetOptions{})
-		if err == nil {
-			if !n.holds(cur) {
-				n.depose("another replica holds the Lease")
-				return
-			}
-			now := metav1.NewMicroTime(n.o.Now())
-			cur.Spec.RenewTime = &now
-			if _, err = n.leases().Update(ctx, cur, metav1.UpdateOptions{}); err == nil {
-				last = n.o.Now()
-				continue
-			}
-		}
-		if ctx.Err() != nil {
+		if n.o.Now().Sub(last) > deadline {
+			n.depose(fmt.Sprintf("the Lease was not renewed for %v", n.o.Now().Sub(last).Round(time.Millisecond)))
 			return
 		}
-		if n.o.Now().Sub(last) > 2*n.ttl()/3 {
+		stamp := n.o.Now()
+		actx, cancel := context.WithTimeout(ctx, n.ttl()/3)
+		err := n.renewOnce(actx, stamp)
+		cancel()
+		switch {
+		case err == nil:
+			last = stamp
+		case errors.Is(err, ErrNotLeader):
+			n.depose("another replica holds the Lease")
+			return
+		case ctx.Err() != nil:
+			return
+		case n.o.Now().Sub(last) > deadline:
 			n.depose(fmt.Sprintf("the Lease was not renewed for %v: %v", n.o.Now().Sub(last).Round(time.Millisecond), err))
 			return
 		}
 	}
+}
+
+// renewOnce stamps the Lease with renew time stamp, if it is still this replica's.
+func (n *LeaseNode) renewOnce(ctx context.Context, stamp time.Time) error {
+	cur, err := n.leases().Get(ctx, n.o.Name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	if !n.holds(cur) {
+		return ErrNotLeader
+	}
+	t := metav1.NewMicroTime(stamp)
+	cur.Spec.RenewTime = &t
+	_, err = n.leases().Update(ctx, cur, metav1.UpdateOptions{})
+	return err
 }
 
 // holds reports whether l is this replica's Lease of the epoch it won.

@@ -81,3 +81,56 @@ discovery:
 		t.Fatalf("discovery state %v", st["discovery"])
 	}
 }
+
+// TestKubernetesServeHATakeover: two replicas of narwhal serve elect their leader on a real API
+// server's Lease and keep the state in its ConfigMap (ha.kubernetes). The leader killed, the
+// standby leads within the Lease with the same roles; the leader stopped (SIGTERM), it resigns
+// and the standby leads at once; the replicas' decision logs, merged, audit clean.
+func TestKubernetesServeHATakeover(t *testing.T) {
+	const ttl = 4 // a Lease is renewed by a request to the API server: 2 s leaves no margin on a loaded machine
+	s := kubetest.Start(t)
+	c := s.AdminClients()
+	const ns = "narwhal"
+	c.Namespace(t, ns)
+	c.Grant(t, ns, "narwhal",
+		rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "create", "update"}})
+	_, engines := startEngines(t, "prefill", "prefill", "decode", "decode")
+	cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines)+
+		fmt.Sprintf("ha: {kubernetes: {namespace: %s, kubeconfig: %q}, lease_ttl_s: %d}\n", ns, s.Kubeconfig(t, t.TempDir(), "narwhal"), ttl)+
+		"controller: {reactive: {step_s: 0.2, urgent_delay_s: 0.05}}\n")
+	logs := t.TempDir()
+	aLog, bLog, cLog := logs+"/a.jsonl", logs+"/b.jsonl", logs+"/c.jsonl"
+	a := startReplica(t, cfg, "leader", "--decisions", aLog)
+	b := startReplica(t, cfg, "standby", "--decisions", bLog)
+	before := rolesOf(waitFor(t, a.admin, 10*time.Second, "four active engines", allActive(4)))
+	waitFor(t, b.admin, 10*time.Second, "b follows a's roles", func(st stateView) bool {
+		return st.HA.Leader != "" && st.HA.Leader != st.HA.ID && sameRoles(rolesOf(st), before)
+	})
+	if code := readyz(b.admin); code != 503 {
+		t.Fatalf("the standby's /readyz: %d", code)
+	}
+	waitFor(t, a.admin, 10*time.Second, "the leader has decided", func(s stateView) bool { return len(s.Decisions) > 1 })
+	_ = a.p.cmd.Process.Kill()
+	_ = a.p.cmd.Wait()
+	killed := time.Now()
+	st := waitFor(t, b.admin, 5*ttl*time.Second, "b leads after the kill", func(s stateView) bool { return s.HA.Role == "leader" })
+	took := time.Since(killed)
+	t.Logf("takeover after a kill: %v (Lease %d s)", took, ttl)
+	if took > time.Duration(ttl+2)*time.Second {
+		t.Fatalf("takeover took %v, want within the Lease (%d s) and a margin", took, ttl)
+	}
+	if after := rolesOf(st); !sameRoles(after, before) {
+		t.Fatalf("roles flipped at takeover: %v, before %v", after, before)
+	}
+	cRep := startReplica(t, cfg, "standby", "--decisions", cLog)
+	stopped := time.Now()
+	if code, _ := b.p.stop(t); code != 0 {
+		t.Fatalf("the leader exited %d on SIGTERM", code)
+	}
+	waitFor(t, cRep.admin, 5*time.Second, "c leads after the SIGTERM", func(s stateView) bool { return s.HA.Role == "leader" })
+	t.Logf("takeover after SIGTERM: %v (from the signal, the drain included)", time.Since(stopped))
+	if out, code := runBin(t, "audit", "--decisions", aLog+","+bLog, "--decisions", cLog); code != 0 || !strings.Contains(out, " 0 violations") {
+		t.Fatalf("audit of the merged logs: exit %d\n%s", code, out)
+	}
+}

@@ -32,7 +32,7 @@ type restored struct {
 func loadState(cfg *config.Config, f *fleet.Fleet, reset bool, rep *replica, log *slog.Logger) (restored, error) {
 	where := "state file " + cfg.State.StateDir() + "/" + state.FileName
 	if rep != nil {
-		where = rep.where()
+		where = rep.where
 	}
 	if reset {
 		log.Info("durable state ignored (--reset-state): starting from the config's roles", "state", where)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/narwhal-llm/narwhal/admin"
 	"github.com/narwhal-llm/narwhal/config"
@@ -22,12 +22,26 @@ import (
 	"github.com/narwhal-llm/narwhal/state"
 )
 
-// replica is this process's place among Narwhal replicas on etcd (docs/ha.md).
+// haNode is a replica's membership in a store the replicas share: etcd (ha.Node) or the
+// Kubernetes API server (ha.LeaseNode).
+type haNode interface {
+	Campaign(ctx context.Context) error
+	Resign(ctx context.Context) error
+	Lost() <-chan struct{}
+	Leader(ctx context.Context) (string, error)
+	Save(ctx context.Context, data []byte) (int64, error)
+	Load(ctx context.Context) ([]byte, int64, error)
+	Watch(ctx context.Context, rev int64) <-chan []byte
+	Close() error
+}
+
+// replica is this process's place among Narwhal replicas (docs/ha.md).
 type replica struct {
-	node   *ha.Node
-	id     string
-	prefix string
-	log    *slog.Logger
+	node  haNode
+	id    string
+	where string // the state's place, for messages: "etcd /narwhal/state", "configmap ns/narwhal-state"
+	store string // "etcd" or "the API server"
+	log   *slog.Logger
 
 	mu       sync.Mutex
 	leading  bool
@@ -38,8 +52,38 @@ type replica struct {
 	elections prometheus.Counter
 }
 
-// dialReplica connects to etcd as replica id.
+// dialReplica joins the replicas of cfg as replica id: on the Kubernetes API server
+// (ha.kubernetes) or on etcd.
 func dialReplica(cfg *config.Config, id string, log *slog.Logger) (*replica, error) {
+	r := &replica{id: id, log: log,
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "narwhal_ha_leader", Help: "1 while this replica leads, 0 while it stands by."}),
+		elections: prometheus.NewCounter(prometheus.CounterOpts{Name: "narwhal_ha_elections_won_total",
+			Help: "Elections this replica won (each one a takeover, the first start's included)."}),
+	}
+	if k := cfg.HA.Kubernetes; k.Namespace != "" {
+		rc, err := kubeClientConfig(k.Kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("ha.kubernetes: %w", err)
+		}
+		rc.UserAgent = "narwhal/" + version
+		cs, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			return nil, fmt.Errorf("ha.kubernetes: %w", err)
+		}
+		r.node = ha.NewLeaseNode(ha.LeaseOptions{Client: cs, Namespace: k.Namespace, Name: k.Name, LeaseTTLS: cfg.HA.LeaseTTLS, ID: id, Logger: log})
+		r.where, r.store = "configmap "+k.Namespace+"/"+k.Name+"-state", "the API server"
+		return r, nil
+	}
+	n, err := dialEtcd(cfg, id, log)
+	if err != nil {
+		return nil, err
+	}
+	r.node, r.where, r.store = n, "etcd "+cfg.HA.Etcd.Prefix+"/state", "etcd"
+	return r, nil
+}
+
+// dialEtcd connects to etcd as replica id.
+func dialEtcd(cfg *config.Config, id string, log *slog.Logger) (*ha.Node, error) {
 	tc, err := etcdTLS(cfg.HA.Etcd.TLS)
 	if err != nil {
 		return nil, err
@@ -47,16 +91,8 @@ func dialReplica(cfg *config.Config, id string, log *slog.Logger) (*replica, err
 	// The session lives as long as the process (resign closes it), not as long as serve's
 	// context: a SIGTERM must not end the lease before the drain is done and the leadership
 	// handed over.
-	n, err := ha.Dial(context.Background(), ha.Options{Endpoints: cfg.HA.Etcd.Endpoints, Prefix: cfg.HA.Etcd.Prefix,
+	return ha.Dial(context.Background(), ha.Options{Endpoints: cfg.HA.Etcd.Endpoints, Prefix: cfg.HA.Etcd.Prefix,
 		LeaseTTLS: cfg.HA.LeaseTTLS, TLS: tc, ID: id, Logger: log})
-	if err != nil {
-		return nil, err
-	}
-	return &replica{node: n, id: id, prefix: cfg.HA.Etcd.Prefix, log: log,
-		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "narwhal_ha_leader", Help: "1 while this replica leads, 0 while it stands by."}),
-		elections: prometheus.NewCounter(prometheus.CounterOpts{Name: "narwhal_ha_elections_won_total",
-			Help: "Elections this replica won (each one a takeover, the first start's included)."}),
-	}, nil
 }
 
 func etcdTLS(t config.EtcdTLS) (*tls.Config, error) {
@@ -110,9 +146,6 @@ func (r *replica) State() admin.HAState {
 	return h
 }
 
-// where names the state in messages.
-func (r *replica) where() string { return "etcd " + r.prefix + "/state" }
-
 // load reads the state from etcd (nil without one).
 func (r *replica) load(ctx context.Context) (*state.File, error) {
 	data, rev, err := r.node.Load(ctx)
@@ -123,7 +156,7 @@ func (r *replica) load(ctx context.Context) (*state.File, error) {
 	if data == nil {
 		return nil, nil
 	}
-	return state.Decode(data, r.where())
+	return state.Decode(data, r.where)
 }
 
 // saveTimeout bounds one state write to etcd: a role move waits for its write (under the
@@ -178,7 +211,7 @@ func (r *replica) persistDecision(f *fleet.Fleet, loads func() []router.EngineLo
 // so that this standby's xDS serves the same roles, until ctx ends.
 func (r *replica) follow(ctx context.Context, f *fleet.Fleet, from int64) {
 	for data := range r.node.Watch(ctx, from) {
-		file, err := state.Decode(data, r.where())
+		file, err := state.Decode(data, r.where)
 		if err != nil {
 			r.log.Error("standby: the leader's state does not decode", "err", err)
 			continue
@@ -223,25 +256,25 @@ func (r *replica) lead(ctx context.Context, f *fleet.Fleet, take func(*state.Fil
 	case <-ctx.Done():
 		return
 	}
-	// The lease ended. If etcd answers, another replica may lead now: step down (exit, so that
-	// the supervisor restarts this one as a standby). If etcd does not answer, no replica can
+	// The lease ended. If the store answers, another replica may lead now: step down (exit, so
+	// that the supervisor restarts this one as a standby). If it does not answer, no replica can
 	// take over either: keep routing with the roles this one has — its state writes fail, so
-	// it makes no role move — and say so, until etcd answers again.
+	// it makes no role move — and say so, until it answers again.
 	for {
 		qctx, cancel := context.WithTimeout(ctx, time.Second)
 		_, err := r.node.Leader(qctx)
 		cancel()
 		if err == nil {
-			lost(errors.New("ha: the leadership was lost (the etcd lease ended); exiting so that this replica restarts as a standby"))
+			lost(fmt.Errorf("ha: the leadership was lost (the lease on %s ended); exiting so that this replica restarts as a standby", r.store))
 			return
 		}
 		if ctx.Err() != nil {
 			return
 		}
 		r.mu.Lock()
-		r.lastErr = fmt.Errorf("etcd unreachable, the lease lost: routing with the roles held, no role moves (%v)", err)
+		r.lastErr = fmt.Errorf("%s unreachable, the lease lost: routing with the roles held, no role moves (%v)", r.store, err)
 		r.mu.Unlock()
-		r.log.Warn("ha: etcd unreachable after the lease ended: keeping the roles, making no role move", "err", err)
+		r.log.Warn("ha: the store is unreachable after the lease ended: keeping the roles, making no role move", "store", r.store, "err", err)
 		select {
 		case <-time.After(time.Second):
 		case <-ctx.Done():

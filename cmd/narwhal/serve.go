@@ -278,7 +278,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 			if file == nil {
 				return
 			}
-			b, err := restore(cfg, f, file, rep.where(), log)
+			b, err := restore(cfg, f, file, rep.where, log)
 			if err != nil {
 				log.Error("ha: the state does not restore", "err", err)
 				return
