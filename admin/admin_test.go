@@ -51,7 +51,14 @@ func newFixture(t *testing.T, token string) *fixture {
 
 func (fx *fixture) do(t *testing.T, method, path, token string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, fx.srv.URL+path, nil)
+	return call(t, method, fx.srv.URL+path, token, "")
+}
+
+// call makes one HTTP call (with a bearer token unless empty, a body unless empty) and returns
+// the status and the body.
+func call(t *testing.T, method, url, token, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,17 +318,7 @@ func TestAddRemoveEngine(t *testing.T) {
 	fx := newFixture(t, "tok")
 	post := func(body, token string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest("POST", fx.srv.URL+"/narwhal/engines", strings.NewReader(body))
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return call(t, "POST", fx.srv.URL+"/narwhal/engines", token, body)
 	}
 	if code, _ := post(`{"id": "a1", "address": "10.0.0.1:8000"}`, ""); code != 401 {
 		t.Fatalf("no token: %d", code)

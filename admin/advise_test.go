@@ -2,7 +2,6 @@ package admin
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -37,17 +36,7 @@ func TestAdvise(t *testing.T) {
 	srv := httptest.NewServer(New(Options{Config: c, Fleet: f, Gatherer: reg, Now: clock, Start: t0, Router: rl, Controller: roles}))
 	defer srv.Close()
 	post := func(body, token string) (int, string) {
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/narwhal/advise", strings.NewReader(body))
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return call(t, http.MethodPost, srv.URL+"/narwhal/advise", token, body)
 	}
 	if code, _ := post(`{"prefill":2,"decode":1}`, ""); code != 401 {
 		t.Fatalf("without the token: %d", code)

@@ -51,18 +51,7 @@ discovery: {file: {path: %q}}
 	admin, extprocAddr, xdsAddr := start(t, "serve", "--config", writeConfig(t, cfg)).serving(t)
 	waitFor(t, admin, 10*time.Second, "p1 and d1 active", allActive(2))
 
-	client := envoytest.NewTestClient(t, extprocAddr, gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed, MessageTimeout: time.Minute})
-	hdrs := gateway.NewRequestHeaders(http.MethodPost, "/v1/completions", "gw", http.Header{"Content-Type": {"application/json"}})
-	place := func() (prefill, decode string) {
-		t.Helper()
-		x := client.NewExchange(context.Background())
-		defer x.Close()
-		res, err := x.ProcessRequest(gateway.Request{Headers: hdrs, Body: strings.NewReader(`{"model":"m","prompt":"hello","max_tokens":4,"stream":true}`)})
-		if err != nil || res.LocalReply != nil {
-			t.Fatalf("request: %+v %v", res, err)
-		}
-		return res.Headers.Get(wire.HeaderPrefiller), res.Headers.Get(wire.HeaderDestination)
-	}
+	place := placer(t, extprocAddr)
 	if p, d := place(); p != engines[0] || d != engines[1] {
 		t.Fatalf("placed on %s/%s, want p1 %s and d1 %s", p, d, engines[0], engines[1])
 	}
@@ -95,5 +84,22 @@ discovery: {file: {path: %q}}
 	file, _ := st["discovery"].(map[string]any)["file"].(map[string]any)
 	if file["engines"] != 2.0 || file["path"] != endpoints {
 		t.Fatalf("discovery state %v", st["discovery"])
+	}
+}
+
+// placer returns a function that sends one streaming completion through the ext_proc server at
+// addr (the Envoy-faithful client) and returns the prefill and decode engines it was placed on.
+func placer(t *testing.T, addr string) func() (prefill, decode string) {
+	client := envoytest.NewTestClient(t, addr, gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed, MessageTimeout: time.Minute})
+	hdrs := gateway.NewRequestHeaders(http.MethodPost, "/v1/completions", "gw", http.Header{"Content-Type": {"application/json"}})
+	return func() (string, string) {
+		t.Helper()
+		x := client.NewExchange(context.Background())
+		defer x.Close()
+		res, err := x.ProcessRequest(gateway.Request{Headers: hdrs, Body: strings.NewReader(`{"model":"m","prompt":"hello","max_tokens":4,"stream":true}`)})
+		if err != nil || res.LocalReply != nil {
+			t.Fatalf("request: %+v %v", res, err)
+		}
+		return res.Headers.Get(wire.HeaderPrefiller), res.Headers.Get(wire.HeaderDestination)
 	}
 }

@@ -3,20 +3,15 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 
-	"github.com/narwhal-llm/narwhal/extproc/envoytest"
-	"github.com/narwhal-llm/narwhal/gateway"
 	"github.com/narwhal-llm/narwhal/internal/kubetest"
-	"github.com/narwhal-llm/narwhal/wire"
 )
 
 // TestKubernetesServeEndToEnd: narwhal serve with no engines in its config, taking them from
@@ -48,18 +43,7 @@ discovery:
 	admin, extprocAddr, _ := start(t, "serve", "--config", writeConfig(t, cfg)).serving(t)
 	waitFor(t, admin, 20*time.Second, "p and d active", allActive(2))
 
-	client := envoytest.NewTestClient(t, extprocAddr, gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed, MessageTimeout: time.Minute})
-	hdrs := gateway.NewRequestHeaders(http.MethodPost, "/v1/completions", "gw", http.Header{"Content-Type": {"application/json"}})
-	place := func() (string, string) {
-		t.Helper()
-		x := client.NewExchange(context.Background())
-		defer x.Close()
-		res, err := x.ProcessRequest(gateway.Request{Headers: hdrs, Body: strings.NewReader(`{"model":"m","prompt":"hello","max_tokens":4,"stream":true}`)})
-		if err != nil || res.LocalReply != nil {
-			t.Fatalf("request: %+v %v", res, err)
-		}
-		return res.Headers.Get(wire.HeaderPrefiller), res.Headers.Get(wire.HeaderDestination)
-	}
+	place := placer(t, extprocAddr)
 	if p, d := place(); p != "127.0.0.2:"+port || d != "127.0.0.3:"+port {
 		t.Fatalf("placed on %s/%s", p, d)
 	}
