@@ -33,7 +33,7 @@ test: lint browser
 # (docs/kubernetes.md): built from the Kubernetes module once (about 5 minutes on 2 cores, 3 GB
 # peak, plus its modules' download on a fresh machine), then reused from the user cache.
 test-kubernetes: kube-apiserver
-	NARWHAL_KUBE_APISERVER=$(KUBE_APISERVER) $(GO) test $(TEST_FLAGS) -tags kubernetes -run 'Kubernetes' ./discovery ./ha ./cmd/narwhal
+	NARWHAL_KUBE_APISERVER=$(KUBE_APISERVER) $(GO) test $(TEST_FLAGS) -tags kubernetes -run 'Kubernetes' ./discovery ./ha ./examples ./cmd/narwhal
 
 kube-apiserver: $(KUBE_APISERVER)
 

@@ -87,7 +87,13 @@ func PoolMembers(pool *unstructured.Unstructured) (Members, error) {
 	}
 	var ports []int
 	for i, t := range targets {
-		n, _, _ := unstructured.NestedInt64(asMap(t), "number")
+		var n int64
+		switch v := asMap(t)["number"].(type) { // int64 from the API server, float64 from a YAML or JSON file
+		case int64:
+			n = v
+		case float64:
+			n = int64(v)
+		}
 		if n < 1 || n > 65535 {
 			return Members{}, fmt.Errorf("inferencepool %s: spec.targetPorts[%d].number: want a port, got %d", pool.GetName(), i, n)
 		}

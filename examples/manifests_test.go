@@ -1,0 +1,97 @@
+// Package examples holds Narwhal's example deployments; its tests check them.
+package examples
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/yaml"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/discovery"
+)
+
+// manifest is one document of an example's YAML.
+type manifest struct {
+	file string
+	doc  []byte
+	obj  *unstructured.Unstructured
+}
+
+// manifests reads every document of the Kubernetes examples.
+func manifests(t *testing.T) []manifest {
+	t.Helper()
+	files, err := filepath.Glob("kubernetes/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests: %v", err)
+	}
+	var out []manifest
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range bytes.Split(data, []byte("\n---\n")) {
+			var m map[string]any
+			if err := yaml.Unmarshal(doc, &m); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if m == nil {
+				continue
+			}
+			out = append(out, manifest{file: f, doc: doc, obj: &unstructured.Unstructured{Object: m}})
+		}
+	}
+	return out
+}
+
+// Every manifest decodes strictly into its Kubernetes API type (an unknown or misplaced field
+// is an error); the InferencePool names a selector and ports Narwhal can use; the Narwhal config
+// in the ConfigMap loads.
+func TestManifestsDecodeStrictly(t *testing.T) {
+	strict := serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer()
+	kinds := map[string]bool{}
+	for _, m := range manifests(t) {
+		kind := m.obj.GetKind()
+		kinds[kind] = true
+		if kind == "InferencePool" {
+			if _, err := discovery.PoolMembers(m.obj); err != nil {
+				t.Errorf("%s: %v", m.file, err)
+			}
+			continue
+		}
+		obj, _, err := strict.Decode(m.doc, nil, nil)
+		if err != nil {
+			t.Errorf("%s: %s %s: %v", m.file, kind, m.obj.GetName(), err)
+			continue
+		}
+		if cm, ok := obj.(*corev1.ConfigMap); ok {
+			cfg, err := config.Load([]byte(cm.Data["narwhal.yaml"]))
+			if err != nil {
+				t.Errorf("%s: the Narwhal config: %v", m.file, err)
+				continue
+			}
+			if !cfg.Discovery.Kubernetes.Enabled() || !cfg.HA.Enabled() {
+				t.Errorf("%s: the config takes its engines from Kubernetes and elects on a Lease: %+v %+v", m.file, cfg.Discovery.Kubernetes, cfg.HA)
+			}
+		}
+		var _ runtime.Object = obj
+	}
+	for _, k := range []string{"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment", "Service", "InferencePool"} {
+		if !kinds[k] {
+			t.Errorf("no %s among the manifests", k)
+		}
+	}
+	// A misplaced field is caught: the check can fail.
+	if _, _, err := strict.Decode([]byte("apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {selectr: {a: b}}\n"), nil, nil); err == nil || !strings.Contains(err.Error(), "selectr") {
+		t.Fatalf("strict decoding let an unknown field through: %v", err)
+	}
+}
