@@ -3,7 +3,9 @@
 package examples
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -19,8 +21,18 @@ func TestKubernetesManifestsApply(t *testing.T) {
 	s := kubetest.Start(t)
 	c := s.AdminClients()
 	c.InstallCRD(t, "../discovery/testdata/inferencepool-crd.yaml")
+	all := manifests(t)
+	// Namespaces first: those the manifests declare are created from them, the others here.
+	slices.SortStableFunc(all, func(a, b manifest) int {
+		return cmp.Compare(b2i(a.obj.GetKind() != "Namespace"), b2i(b.obj.GetKind() != "Namespace"))
+	})
 	namespaces := map[string]bool{}
-	for _, m := range manifests(t) {
+	for _, m := range all {
+		if m.obj.GetKind() == "Namespace" {
+			namespaces[m.obj.GetName()] = true
+		}
+	}
+	for _, m := range all {
 		if ns := m.obj.GetNamespace(); ns != "" && !namespaces[ns] {
 			c.Namespace(t, ns)
 			namespaces[ns] = true
@@ -32,4 +44,11 @@ func TestKubernetesManifestsApply(t *testing.T) {
 			t.Errorf("%s: %s %s: %v", m.file, gvk.Kind, m.obj.GetName(), err)
 		}
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/discovery"
+	"github.com/narwhal-llm/narwhal/envoy/bootstrap"
 )
 
 // manifest is one document of an example's YAML.
@@ -40,6 +41,7 @@ func manifests(t *testing.T) []manifest {
 			t.Fatal(err)
 		}
 		for _, doc := range bytes.Split(data, []byte("\n---\n")) {
+			doc = append(doc, '\n') // the separator took the document's last line end
 			var m map[string]any
 			if err := yaml.Unmarshal(doc, &m); err != nil {
 				t.Fatalf("%s: %v", f, err)
@@ -59,6 +61,7 @@ func manifests(t *testing.T) []manifest {
 func TestManifestsDecodeStrictly(t *testing.T) {
 	strict := serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer()
 	kinds := map[string]bool{}
+	configs, bootstraps := map[string]*config.Config{}, map[string]string{}
 	for _, m := range manifests(t) {
 		kind := m.obj.GetKind()
 		kinds[kind] = true
@@ -73,7 +76,10 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 			t.Errorf("%s: %s %s: %v", m.file, kind, m.obj.GetName(), err)
 			continue
 		}
-		if cm, ok := obj.(*corev1.ConfigMap); ok {
+		if cm, ok := obj.(*corev1.ConfigMap); ok && cm.Data["envoy.yaml"] != "" {
+			bootstraps[m.file] = cm.Data["envoy.yaml"]
+		}
+		if cm, ok := obj.(*corev1.ConfigMap); ok && cm.Data["narwhal.yaml"] != "" {
 			cfg, err := config.Load([]byte(cm.Data["narwhal.yaml"]))
 			if err != nil {
 				t.Errorf("%s: the Narwhal config: %v", m.file, err)
@@ -82,8 +88,35 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 			if !cfg.Discovery.Kubernetes.Enabled() || !cfg.HA.Enabled() {
 				t.Errorf("%s: the config takes its engines from Kubernetes and elects on a Lease: %+v %+v", m.file, cfg.Discovery.Kubernetes, cfg.HA)
 			}
+			configs[m.file] = cfg
 		}
 		var _ runtime.Object = obj
+	}
+	// An Envoy bootstrap beside a Narwhal config is what narwhal envoy-config writes for it, and
+	// validates against it.
+	for file, bs := range bootstraps {
+		cfg := configs[file]
+		if cfg == nil {
+			t.Errorf("%s: an Envoy bootstrap without a Narwhal config", file)
+			continue
+		}
+		want, err := bootstrap.Generate(cfg, bootstrap.Options{NarwhalHosts: []string{"narwhal." + cfg.HA.Kubernetes.Namespace + ".svc.cluster.local"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bs != string(want) {
+			i := 0
+			for i < len(bs) && i < len(want) && bs[i] == want[i] {
+				i++
+			}
+			t.Errorf("%s: the Envoy bootstrap is not what narwhal envoy-config writes for its config: regenerate it (they differ from byte %d: %q)", file, i, bs[max(0, i-40):min(len(bs), i+40)])
+		}
+		for _, p := range bootstrap.Validate([]byte(bs), cfg) {
+			t.Errorf("%s: envoy.yaml line %d: %s", file, p.Line, p)
+		}
+	}
+	if len(bootstraps) == 0 {
+		t.Error("no Envoy bootstrap among the manifests")
 	}
 	for _, k := range []string{"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment", "Service", "InferencePool"} {
 		if !kinds[k] {

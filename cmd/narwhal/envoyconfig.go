@@ -44,6 +44,7 @@ func newEnvoyConfig(stdout io.Writer) *cobra.Command {
 	f.StringVar(&o.BodyMode, "body-mode", bootstrap.BodyBuffered, "ext_proc request_body_mode: "+bootstrap.BodyBuffered+" or "+bootstrap.BodyFullDuplex)
 	f.StringSliceVar(&o.NarwhalHosts, "narwhal-hosts", nil, "host names Envoy reaches Narwhal by (e.g. the compose service name), comma-separated: several for replicas on etcd")
 	f.StringSliceVar(&o.NarwhalHosts, "narwhal-host", nil, "the same as --narwhal-hosts, one host")
+	f.IntVar(&o.DiscoveredEngines, "discovered-engines", 0, fmt.Sprintf("engines discovery may add beyond the config's: the circuit breakers are sized for them (0: %d when the config discovers engines)", bootstrap.DefaultDiscoveredEngines))
 	return cmd
 }
 

@@ -49,7 +49,15 @@ type Options struct {
 	// NodeID and NodeCluster identify this Envoy to Narwhal's ADS server; "" means
 	// "narwhal-envoy".
 	NodeID, NodeCluster string
+	// DiscoveredEngines is how many engines discovery (docs/discovery.md) may add beyond the
+	// config's: the circuit breakers are sized for them too, each at the largest max_streams and
+	// prefill_concurrency of the config's profiles. 0 with a config that discovers engines means
+	// DefaultDiscoveredEngines.
+	DiscoveredEngines int
 }
+
+// DefaultDiscoveredEngines is Options.DiscoveredEngines for a config that discovers engines.
+const DefaultDiscoveredEngines = 64
 
 // Bootstrap returns a complete Envoy v3 bootstrap (YAML, commented) for a Narwhal config: an
 // HTTP listener whose routes send each of router.paths (exact path, POST), after Narwhal's
@@ -132,6 +140,7 @@ type bsData struct {
 	StreamIdle          string
 	Capacity            int
 	Streams             int
+	Discovered          int // engines discovery may add, counted in Streams
 	ExtProcBreaker      int
 	OriginalDstBreaker  int
 	Prefix              string
@@ -215,6 +224,16 @@ func bootstrapData(cfg *config.Config, o Options) (*bsData, error) {
 	d.MessageTimeout = fmtDuration(mt)
 	d.StreamIdle = fmtDuration(max(envoyDefaultStreamIdle, (mt + time.Minute).Truncate(time.Second)))
 	d.Streams = fleetStreams(cfg)
+	if n := o.DiscoveredEngines; n > 0 || cfg.Discovery.Dynamic() {
+		if n == 0 {
+			n = DefaultDiscoveredEngines
+		}
+		per := 0
+		for _, p := range cfg.Profiles {
+			per = max(per, profileStreams(p))
+		}
+		d.Streams, d.Discovered = d.Streams+n*per, n
+	}
 	d.ExtProcBreaker = roundUp(d.Capacity+d.Streams, 1024)
 	d.OriginalDstBreaker = roundUp(max(d.Streams, 1), 1024)
 	return d, nil
@@ -445,7 +464,7 @@ static_resources:
   clusters:
   # Narwhal's ext_proc server (listen.extproc {{.ExtProcListen}}). Every waiting or in-flight request
   # holds one stream: the circuit breakers cover router.waiting_set.capacity ({{.Capacity}}) plus the
-  # fleet's in-flight streams ({{.Streams}}).
+  # fleet's in-flight streams ({{.Streams}}{{if .Discovered}}, {{.Discovered}} discovered engines included{{end}}).
   - name: {{.ExtProcCluster}}{{template "discovery" .ExtProc}}
     connect_timeout: 1s
     # A request body travels to Narwhal in one gRPC message.
@@ -488,7 +507,7 @@ static_resources:
 
   # The engine Narwhal chose: the host comes from the {{.HeaderDestination}} header
   # of each request, which Narwhal overwrites on every request it places. Each request to an
-  # engine holds a connection: the circuit breakers cover the fleet's in-flight streams ({{.Streams}}).
+  # engine holds a connection: the circuit breakers cover the fleet's in-flight streams ({{.Streams}}{{if .Discovered}}, {{.Discovered}} discovered engines included{{end}}).
   - name: {{.OriginalDst}}
     type: ORIGINAL_DST
     lb_policy: CLUSTER_PROVIDED

@@ -164,6 +164,7 @@ func TestExamplesValidate(t *testing.T) {
 			if _, err := config.Load(data); err != nil {
 				t.Errorf("%s: %v", rel, err)
 			}
+		case strings.HasPrefix(rel, "kubernetes/"): // Kubernetes manifests: examples/manifests_test.go
 		case rel == "docker-compose.yaml":
 			checkCompose(t, data)
 		case rel == "docker-compose-ha.yaml":
@@ -484,6 +485,33 @@ func checkHACompose(t *testing.T, data []byte) {
 		host := e.Address[:strings.LastIndexByte(e.Address, ':')]
 		if _, ok := cf.Services[host]; !ok {
 			t.Errorf("docker-compose-ha.yaml: no service %s for engine %s", host, e.ID)
+		}
+	}
+}
+
+// A config that discovers its engines gets circuit breakers sized for the engines discovery
+// may add (DefaultDiscoveredEngines, or Options.DiscoveredEngines), each at the largest
+// profile's streams; the bootstrap validates against it.
+func TestDiscoveredEnginesBreakers(t *testing.T) {
+	cfg, err := config.Load([]byte("discovery: {file: {path: /etc/narwhal/endpoints.yaml}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := cfg.Profiles[config.DefaultProfileName]
+	per := p.Decode.MaxStreams + p.PrefillConcurrency
+	breaker := regexp.MustCompile(`(?s)name: narwhal-original-dst.*?max_requests: (\d+)`)
+	for _, tc := range []struct{ n, want int }{{0, bootstrap.DefaultDiscoveredEngines}, {2, 2}} {
+		out, err := bootstrap.Generate(cfg, bootstrap.Options{DiscoveredEngines: tc.n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := breaker.FindSubmatch(out)
+		got, _ := strconv.Atoi(string(m[1]))
+		if need := tc.want * per; got < need || got >= need+1024 {
+			t.Errorf("DiscoveredEngines %d: max_requests %d, want the first multiple of 1024 at or above %d", tc.n, got, need)
+		}
+		if ps := bootstrap.Validate(out, cfg); len(ps) > 0 {
+			t.Errorf("DiscoveredEngines %d: %v", tc.n, ps)
 		}
 	}
 }

@@ -268,16 +268,19 @@ func validHeaderName(s string) bool {
 func fleetStreams(cfg *config.Config) int {
 	n := 0
 	for _, e := range cfg.Engines {
-		p, ok := cfg.Profiles[e.Profile]
-		if !ok {
-			continue
-		}
-		if p.Decode != nil {
-			n += p.Decode.MaxStreams
-		}
-		if p.Prefill != nil {
-			n += p.PrefillConcurrency
-		}
+		n += profileStreams(cfg.Profiles[e.Profile])
+	}
+	return n
+}
+
+// profileStreams bounds the requests in flight to one engine of profile p.
+func profileStreams(p config.Profile) int {
+	n := 0
+	if p.Decode != nil {
+		n += p.Decode.MaxStreams
+	}
+	if p.Prefill != nil {
+		n += p.PrefillConcurrency
 	}
 	return n
 }
