@@ -27,6 +27,8 @@ import (
 //	tick at=.. [verbose]        prints every decision: outcome, reason, moves; verbose adds
 //	                            candidates and gates
 //	lifecycle id=.. to=.. [at=..]
+//	add id=.. role=prefill|decode|open [at=..]   joins recovering (docs/discovery.md)
+//	remove id=.. [at=..]
 //	role id=.. to=.. [at=..]      a role change made outside the controller
 //	switch id=.. result=.. [at=..] an in-place switch's next step: asked, succeeded, failed or
 //	                              abandoned (as the Switcher records them)
@@ -122,6 +124,26 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 		}
 		e, _ := d.fleet.Engine(id)
 		fmt.Fprintf(&b, "%s: %s %s\n", id, e.Role, e.Lifecycle)
+		d.r.SetFleet(now, d.fleet.Snapshot())
+	case "add", "remove":
+		var id string
+		td.ScanArgs(t, "id", &id)
+		now := d.at(td)
+		var err error
+		if td.Cmd == "add" {
+			var role string
+			td.ScanArgs(t, "role", &role)
+			if role == "open" {
+				role = ""
+			}
+			_, err = d.fleet.Add(config.Engine{ID: id, Address: "10.0.9." + strconv.Itoa(len(d.fleet.Snapshot().Engines)+1) + ":8000",
+				Role: role, Profile: config.DefaultProfileName}, "test", now)
+		} else {
+			_, err = d.fleet.Remove(id, now, "test")
+		}
+		if err != nil {
+			fmt.Fprintf(&b, "error: %v\n", err)
+		}
 		d.r.SetFleet(now, d.fleet.Snapshot())
 	case "lifecycle":
 		var id, to string
