@@ -21,6 +21,8 @@ type Endpoint struct {
 	Name    string            // the engine's id in the fleet
 	Address string            // host:port
 	Labels  map[string]string // the role and profile labels (config.Discovery)
+	// Annotations may name the profile instead of a label (a pod's annotations).
+	Annotations map[string]string
 }
 
 // Source reconciles the fleet's engines of one source with the source's list. It is not safe
@@ -117,11 +119,16 @@ func (s *Source) Reconcile(f *fleet.Fleet, eps []Endpoint, now time.Time) Result
 
 // Member is the engine an endpoint describes, checked as a config engine is (config.CheckMember):
 // its role from the role label ("" when the controller decides), its profile from the profile
-// label or the default, the switch method of discovery.switch.
+// label (or an annotation of that name), else the default, the switch method of
+// discovery.switch.
 func (s *Source) Member(ep Endpoint) (config.Engine, error) {
 	role, _ := s.role(ep)
+	profile := ep.Labels[s.cfg.Discovery.ProfileLabel]
+	if profile == "" {
+		profile = ep.Annotations[s.cfg.Discovery.ProfileLabel]
+	}
 	ce := config.Engine{ID: ep.Name, Address: ep.Address, Role: role, Switch: s.cfg.Discovery.Switch,
-		Profile: s.cfg.DiscoveredProfile(ep.Labels[s.cfg.Discovery.ProfileLabel])}
+		Profile: s.cfg.DiscoveredProfile(profile)}
 	return ce, s.cfg.CheckMember(ce)
 }
 

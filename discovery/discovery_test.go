@@ -101,3 +101,27 @@ func TestReconcile(t *testing.T) {
 		t.Fatalf("after an empty list: %v (%+v)", got, res)
 	}
 }
+
+// A profile named by an annotation counts when no label names one; a label wins.
+func TestMemberProfile(t *testing.T) {
+	cfg, _ := testFleet(t)
+	cfg.Profiles["h200"] = cfg.Profiles[config.DefaultProfileName]
+	s := NewSource("kubernetes", cfg)
+	for _, tc := range []struct {
+		labels, annotations map[string]string
+		want                string
+	}{
+		{nil, nil, ""},
+		{nil, map[string]string{config.LabelProfile: "h200"}, "h200"},
+		{map[string]string{config.LabelProfile: config.DefaultProfileName}, map[string]string{config.LabelProfile: "h200"}, config.DefaultProfileName},
+	} {
+		e, err := s.Member(Endpoint{Name: "x", Address: "10.0.0.1:8000", Labels: tc.labels, Annotations: tc.annotations})
+		want := tc.want
+		if want == "" {
+			want = cfg.DiscoveredProfile("")
+		}
+		if err != nil && want != "" || e.Profile != want {
+			t.Errorf("%v %v: profile %q (%v), want %q", tc.labels, tc.annotations, e.Profile, err, want)
+		}
+	}
+}

@@ -58,7 +58,7 @@ func PodEndpoints(pod *corev1.Pod, ports []int) []Endpoint {
 		if len(ports) > 1 {
 			name += "-" + strconv.Itoa(port)
 		}
-		out = append(out, Endpoint{Name: name, Address: net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(port)), Labels: pod.Labels})
+		out = append(out, Endpoint{Name: name, Address: net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(port)), Labels: pod.Labels, Annotations: pod.Annotations})
 	}
 	return out
 }

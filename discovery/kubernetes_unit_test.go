@@ -25,6 +25,10 @@ func TestPodEndpoints(t *testing.T) {
 	if len(eps) != 1 || eps[0].Name != "vllm-0" || eps[0].Address != "10.1.0.7:8000" || eps[0].Labels["llm-d.ai/role"] != "decode" {
 		t.Fatalf("%+v", eps)
 	}
+	p.Annotations = map[string]string{"narwhal.dev/profile": "h200"}
+	if eps := PodEndpoints(p, []int{8000}); eps[0].Annotations["narwhal.dev/profile"] != "h200" {
+		t.Fatalf("annotations: %+v", eps)
+	}
 	if eps := PodEndpoints(p, []int{8000, 8001}); len(eps) != 2 || eps[1].Name != "vllm-0-8001" || eps[1].Address != "10.1.0.7:8001" {
 		t.Fatalf("two ports: %+v", eps)
 	}
