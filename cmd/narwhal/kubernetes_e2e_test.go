@@ -118,3 +118,62 @@ func TestKubernetesServeHATakeover(t *testing.T) {
 		t.Fatalf("audit of the merged logs: exit %d\n%s", code, out)
 	}
 }
+
+// The API server away while a replica leads on its Lease: the leader keeps routing with the
+// roles it has (SERVING, /readyz 200, leader in /narwhal/state), its state writes fail — so it
+// makes no role move — and /narwhal/state says why; it does not exit while the API server is
+// gone. When it answers again, the replica, whose Lease has run out, exits to restart as a
+// standby (the supervisor's job), as a deposed etcd leader does.
+func TestKubernetesServeHAAPIServerDown(t *testing.T) {
+	const ttl = 4
+	s := kubetest.Start(t)
+	c := s.AdminClients()
+	const ns = "narwhal"
+	c.Namespace(t, ns)
+	c.Grant(t, ns, "narwhal",
+		rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "create", "update"}})
+	_, engines := startEngines(t, "prefill", "decode")
+	cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines)+
+		fmt.Sprintf("ha: {kubernetes: {namespace: %s, kubeconfig: %q}, lease_ttl_s: %d}\n", ns, s.Kubeconfig(t, t.TempDir(), "narwhal"), ttl))
+	ar := startReplica(t, cfg, "leader")
+	waitFor(t, ar.admin, 10*time.Second, "both engines active", allActive(2))
+	s.Stop()
+	if code, err := httpPost("http://" + ar.admin + "/narwhal/engines/e2/drain"); err != nil || code != 200 {
+		t.Fatalf("drain: %d %v", code, err)
+	}
+	var st struct {
+		HA struct {
+			Role       string `json:"role"`
+			StateError string `json:"state_error"`
+		} `json:"ha"`
+	}
+	deadline := time.Now().Add(3 * ttl * time.Second)
+	for time.Now().Before(deadline) && !(st.HA.Role == "leader" && strings.Contains(st.HA.StateError, "unreachable")) {
+		time.Sleep(50 * time.Millisecond) // polling another process's state
+		st, _ = getStateAs[struct {
+			HA struct {
+				Role       string `json:"role"`
+				StateError string `json:"state_error"`
+			} `json:"ha"`
+		}](ar.admin)
+	}
+	if st.HA.Role != "leader" || !strings.Contains(st.HA.StateError, "unreachable") {
+		t.Fatalf("a leader with the API server away: %+v\n%s", st.HA, ar.p.out.String())
+	}
+	if ar.p.cmd.ProcessState != nil || readyz(ar.admin) != 200 {
+		t.Fatalf("the leader stopped serving with the API server away:\n%s", ar.p.out.String())
+	}
+	s.Restart()
+	done := make(chan struct{})
+	go func() { _ = ar.p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the replica whose Lease ran out did not step down once the API server answered:\n%s", ar.p.out.String())
+	}
+	// Whichever it notices first — its Lease gone, or a state write fenced off — it says why.
+	if !strings.Contains(ar.p.out.String(), "exiting so that this replica restarts as a standby") {
+		t.Fatalf("no reason given:\n%s", ar.p.out.String())
+	}
+}
