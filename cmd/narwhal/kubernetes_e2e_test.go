@@ -71,18 +71,7 @@ discovery:
 // standby leads within the Lease with the same roles; the leader stopped (SIGTERM), it resigns
 // and the standby leads at once; the replicas' decision logs, merged, audit clean.
 func TestKubernetesServeHATakeover(t *testing.T) {
-	const ttl = 4 // a Lease is renewed by a request to the API server: 2 s leaves no margin on a loaded machine
-	s := kubetest.Start(t)
-	c := s.AdminClients()
-	const ns = "narwhal"
-	c.Namespace(t, ns)
-	c.Grant(t, ns, "narwhal",
-		rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
-		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "create", "update"}})
-	_, engines := startEngines(t, "prefill", "prefill", "decode", "decode")
-	cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines)+
-		fmt.Sprintf("ha: {kubernetes: {namespace: %s, kubeconfig: %q}, lease_ttl_s: %d}\n", ns, s.Kubeconfig(t, t.TempDir(), "narwhal"), ttl)+
-		"controller: {reactive: {step_s: 0.2, urgent_delay_s: 0.05}}\n")
+	_, cfg := leaseFleet(t, "controller: {reactive: {step_s: 0.2, urgent_delay_s: 0.05}}\n", "prefill", "prefill", "decode", "decode")
 	logs := t.TempDir()
 	aLog, bLog, cLog := logs+"/a.jsonl", logs+"/b.jsonl", logs+"/c.jsonl"
 	a := startReplica(t, cfg, "leader", "--decisions", aLog)
@@ -125,17 +114,7 @@ func TestKubernetesServeHATakeover(t *testing.T) {
 // gone. When it answers again, the replica, whose Lease has run out, exits to restart as a
 // standby (the supervisor's job), as a deposed etcd leader does.
 func TestKubernetesServeHAAPIServerDown(t *testing.T) {
-	const ttl = 4
-	s := kubetest.Start(t)
-	c := s.AdminClients()
-	const ns = "narwhal"
-	c.Namespace(t, ns)
-	c.Grant(t, ns, "narwhal",
-		rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
-		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "create", "update"}})
-	_, engines := startEngines(t, "prefill", "decode")
-	cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines)+
-		fmt.Sprintf("ha: {kubernetes: {namespace: %s, kubeconfig: %q}, lease_ttl_s: %d}\n", ns, s.Kubeconfig(t, t.TempDir(), "narwhal"), ttl))
+	s, cfg := leaseFleet(t, "", "prefill", "decode")
 	ar := startReplica(t, cfg, "leader")
 	waitFor(t, ar.admin, 10*time.Second, "both engines active", allActive(2))
 	s.Stop()
@@ -176,4 +155,24 @@ func TestKubernetesServeHAAPIServerDown(t *testing.T) {
 	if !strings.Contains(ar.p.out.String(), "exiting so that this replica restarts as a standby") {
 		t.Fatalf("no reason given:\n%s", ar.p.out.String())
 	}
+}
+
+// ttl is the Lease of the HA tests on Kubernetes: a Lease is renewed by a request to the API
+// server, and 2 s leaves no margin on a loaded machine.
+const ttl = 4
+
+// leaseFleet starts an API server with the Role ha.kubernetes needs, and engines of roles, and
+// writes the replicas' config (extra appended).
+func leaseFleet(t *testing.T, extra string, roles ...string) (*kubetest.Server, string) {
+	t.Helper()
+	s := kubetest.Start(t)
+	c := s.AdminClients()
+	const ns = "narwhal"
+	c.Namespace(t, ns)
+	c.Grant(t, ns, "narwhal",
+		rbacv1.PolicyRule{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "create", "update"}})
+	_, engines := startEngines(t, roles...)
+	return s, writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines)+
+		fmt.Sprintf("ha: {kubernetes: {namespace: %s, kubeconfig: %q}, lease_ttl_s: %d}\n", ns, s.Kubeconfig(t, t.TempDir(), "narwhal"), ttl)+extra)
 }
