@@ -3,9 +3,11 @@ package state
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -200,4 +202,33 @@ func BenchmarkSave(b *testing.B) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+}
+
+// One process per state directory: a second holder is refused with the directory and the
+// holder's pid; a released lock, or one left by a process that is gone, is taken.
+func TestLock(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "st")
+	l, err := Acquire(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Acquire(dir) // another open file: flock refuses it as it would another process
+	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), dir) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", os.Getpid())) {
+		t.Fatalf("second holder: %v", err)
+	}
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
+	// A lock file whose writer is gone (no flock held on it) is no obstacle.
+	if err := os.WriteFile(filepath.Join(dir, LockName), []byte("999999\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := Acquire(dir)
+	if err != nil {
+		t.Fatalf("a stale lock file: %v", err)
+	}
+	defer l2.Release()
+	if data, _ := os.ReadFile(filepath.Join(dir, LockName)); strings.TrimSpace(string(data)) != strconv.Itoa(os.Getpid()) {
+		t.Fatalf("lock file says %q", data)
+	}
 }

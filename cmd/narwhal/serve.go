@@ -93,6 +93,14 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		}
 		defer rep.resign()
 	}
+	if rep == nil { // one process per state directory (replicas keep theirs in the shared store)
+		lock, err := state.Acquire(cfg.State.StateDir())
+		if err != nil {
+			closeAll(lns)
+			return failureErr(err)
+		}
+		defer func() { _ = lock.Release() }()
+	}
 	back, err := loadState(cfg, f, resetState, rep, log)
 	if err != nil {
 		closeAll(lns)

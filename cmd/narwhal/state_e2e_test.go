@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -103,5 +104,29 @@ func TestServeKeepsItsStateAcrossRestarts(t *testing.T) {
 		if name == "another fleet" && !strings.Contains(out, "another fleet") {
 			t.Errorf("another fleet's file: %s", out)
 		}
+	}
+}
+
+// One process per state directory: a second narwhal serve on the same state.dir exits 1 naming
+// the directory and the first one's pid, and changes nothing of its state; once the first has
+// stopped, the directory is free again.
+func TestServeOneProcessPerState(t *testing.T) {
+	_, engines := startEngines(t, "prefill", "decode")
+	cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines))
+	first := start(t, "serve", "--config", cfg)
+	admin, _, _ := first.serving(t)
+	waitFor(t, admin, 10*time.Second, "both engines active", allActive(2))
+	out, code := runBin(t, "serve", "--config", cfg)
+	pid := strconv.Itoa(first.cmd.Process.Pid)
+	if code != 1 || !strings.Contains(out, "is held by another narwhal serve (pid "+pid+")") || !strings.Contains(out, "state.dir ") {
+		t.Fatalf("a second serve on the same state: exit %d\n%s", code, out)
+	}
+	if c, _ := first.stop(t); c != 0 {
+		t.Fatalf("the first exited %d", c)
+	}
+	again := start(t, "serve", "--config", cfg)
+	again.serving(t)
+	if c, _ := again.stop(t); c != 0 {
+		t.Fatalf("the directory was not free after the first stopped: exit %d", c)
 	}
 }
