@@ -4,7 +4,12 @@
 package config
 
 import (
+	"fmt"
 	"math"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
 	"time"
 )
 
@@ -168,9 +173,54 @@ type Listen struct {
 
 // Admin configures the admin HTTP API.
 type Admin struct {
-	// Token, when set, is required as "Authorization: Bearer <token>" on mutating calls.
-	Token   string  `yaml:"token" json:"-"`
-	History History `yaml:"history" json:"history"`
+	// Token, when set, is required as "Authorization: Bearer <token>" on mutating calls; or
+	// TokenFile names a file holding it, or TokenEnv an environment variable (ResolveToken).
+	Token     string  `yaml:"token" json:"-"`
+	TokenFile string  `yaml:"token_file" json:"token_file"`
+	TokenEnv  string  `yaml:"token_env" json:"token_env"`
+	History   History `yaml:"history" json:"history"`
+}
+
+// HasToken reports whether a token is configured, in any of its three places.
+func (a Admin) HasToken() bool { return a.Token != "" || a.TokenFile != "" || a.TokenEnv != "" }
+
+// ResolveToken returns the admin token: admin.token, else the content of admin.token_file
+// (surrounding space trimmed), else the value of the environment variable admin.token_env; ""
+// when none is set. A file or variable that is missing or empty is an error.
+func (a Admin) ResolveToken() (string, error) {
+	switch {
+	case a.Token != "":
+		return a.Token, nil
+	case a.TokenFile != "":
+		data, err := os.ReadFile(a.TokenFile)
+		if err != nil {
+			return "", fmt.Errorf("admin.token_file: %w", err)
+		}
+		if t := strings.TrimSpace(string(data)); t != "" {
+			return t, nil
+		}
+		return "", fmt.Errorf("admin.token_file %s is empty", a.TokenFile)
+	case a.TokenEnv != "":
+		if t := os.Getenv(a.TokenEnv); t != "" {
+			return t, nil
+		}
+		return "", fmt.Errorf("admin.token_env: the environment variable %s is not set or empty", a.TokenEnv)
+	}
+	return "", nil
+}
+
+// OffLoopback reports whether a listen address (host:port) is reachable from other machines:
+// any host but a loopback IP or "localhost" (an empty host, 0.0.0.0 and :: are every interface).
+func OffLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return true
+	}
+	if host == "localhost" {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	return err != nil || !ip.IsLoopback()
 }
 
 // History bounds the in-process history GET /narwhal/history serves (docs/history.md): a

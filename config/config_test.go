@@ -783,3 +783,49 @@ func TestDiscoveryAndMembers(t *testing.T) {
 		}
 	}
 }
+
+// An admin API reachable from other machines needs a token; the token may come from a file or an
+// environment variable.
+func TestAdminAccess(t *testing.T) {
+	for src, want := range map[string]string{
+		"listen: {admin: \"0.0.0.0:9090\"}\n" + twoEngines: "listen.admin: 0.0.0.0:9090 is reachable from other machines and the admin API has no token",
+		"listen: {admin: \"10.1.2.3:9090\"}\n" + twoEngines: "is reachable from other machines",
+		"admin: {token: a, token_env: B}\n" + twoEngines:      "admin.token: set one of token, token_file and token_env",
+	} {
+		if _, err := Load([]byte(src)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", src, err, want)
+		}
+	}
+	for _, src := range []string{
+		"listen: {admin: \"127.0.0.1:9090\"}\n" + twoEngines,
+		"listen: {admin: \"localhost:9090\"}\n" + twoEngines,
+		"listen: {admin: \"[::1]:9090\"}\n" + twoEngines,
+		"listen: {admin: \"0.0.0.0:9090\"}\nadmin: {token_env: NARWHAL_TEST_TOKEN}\n" + twoEngines,
+	} {
+		if _, err := Load([]byte(src)); err != nil {
+			t.Errorf("%q: %v", src, err)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte("  s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NARWHAL_TEST_TOKEN", "from-env")
+	for _, tc := range []struct {
+		a    Admin
+		want string
+		err  string
+	}{
+		{Admin{Token: "t"}, "t", ""},
+		{Admin{TokenFile: file}, "s3cret", ""},
+		{Admin{TokenEnv: "NARWHAL_TEST_TOKEN"}, "from-env", ""},
+		{Admin{TokenEnv: "NARWHAL_TEST_UNSET"}, "", "NARWHAL_TEST_UNSET is not set"},
+		{Admin{TokenFile: file + ".missing"}, "", "admin.token_file"},
+		{Admin{}, "", ""},
+	} {
+		got, err := tc.a.ResolveToken()
+		if got != tc.want || (err == nil) != (tc.err == "") || err != nil && !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%+v: %q %v, want %q %q", tc.a, got, err, tc.want, tc.err)
+		}
+	}
+}

@@ -139,6 +139,7 @@ func orList(xs []string) string {
 func (c *Config) check() findings {
 	k := &checker{}
 	k.listen(c.Listen)
+	k.adminAccess(c)
 	k.geInt("admin.history.samples", int64(c.Admin.History.Samples), 1)
 	k.gt("admin.history.interval_s", c.Admin.History.IntervalS, 0)
 	k.geInt("admin.history.decisions", int64(c.Admin.History.Decisions), 1)
@@ -160,6 +161,28 @@ func (c *Config) check() findings {
 		k.floors(c.Controller, c.Engines, c.Profiles)
 	}
 	return k.out
+}
+
+// adminAccess refuses an admin API open to other machines with no token: anyone who reaches it
+// could drain engines and move roles.
+func (k *checker) adminAccess(c *Config) {
+	a := c.Admin
+	if n := btoi(a.Token != "") + btoi(a.TokenFile != "") + btoi(a.TokenEnv != ""); n > 1 {
+		k.add("admin.token", []string{"admin.token_file", "admin.token_env"}, "set one of token, token_file and token_env")
+	}
+	if slices.ContainsFunc(k.out, func(f finding) bool { return f.Path == "listen.admin" }) {
+		return // the address itself is wrong: that is the problem to fix first
+	}
+	if OffLoopback(c.Listen.Admin) && !a.HasToken() {
+		k.add("listen.admin", []string{"admin.token"}, "%s is reachable from other machines and the admin API has no token: set admin.token (or admin.token_file, admin.token_env), or bind listen.admin to 127.0.0.1", c.Listen.Admin)
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (k *checker) discovery(c *Config) {

@@ -334,6 +334,18 @@ func TestServeErrors(t *testing.T) {
 	if code != 1 || !strings.Contains(out, "listen.extproc "+ln.Addr().String()) {
 		t.Fatalf("ext_proc port in use: exit %d, output %q", code, out)
 	}
+	// An admin API reachable from other machines without a token: refused, one line saying how
+	// to fix it, exit 2; with the token in an environment variable that is not set: the same.
+	cfg = writeConfig(t, e2eConfig("0.0.0.0:0", anyPort, anyPort, []string{"127.0.0.1:1"})+"controller: {min_prefill: 0, min_decode: 1}\n")
+	out, code = runBin(t, "serve", "--config", cfg)
+	if code != 2 || !strings.Contains(out, "listen.admin: 0.0.0.0:0 is reachable from other machines and the admin API has no token: set admin.token") {
+		t.Fatalf("open admin: exit %d, output %q", code, out)
+	}
+	cfg = writeConfig(t, e2eConfig("0.0.0.0:0", anyPort, anyPort, []string{"127.0.0.1:1"})+"controller: {min_prefill: 0, min_decode: 1}\nadmin: {token_env: NARWHAL_E2E_UNSET_TOKEN}\n")
+	out, code = runBin(t, "serve", "--config", cfg)
+	if code != 2 || !strings.Contains(out, "NARWHAL_E2E_UNSET_TOKEN is not set") {
+		t.Fatalf("token variable unset: exit %d, output %q", code, out)
+	}
 	// Unreadable config: exit 2.
 	out, code = runBin(t, "serve", "--config", filepath.Join(t.TempDir(), "missing.yaml"))
 	if code != 2 || !strings.Contains(out, "missing.yaml") {

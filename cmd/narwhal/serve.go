@@ -73,6 +73,11 @@ func newServe(g *globalFlags, stderr io.Writer) *cobra.Command {
 // fails before anything runs. The durable state of an earlier run (state.dir) is restored first,
 // unless resetState.
 func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions io.Writer, resetState bool) error {
+	token, err := cfg.Admin.ResolveToken()
+	if err != nil {
+		return usageErr(err)
+	}
+	cfg.Admin.Token = token // the admin server compares with it
 	lns, err := listenAll(cfg)
 	if err != nil {
 		return err
