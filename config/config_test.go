@@ -788,9 +788,9 @@ func TestDiscoveryAndMembers(t *testing.T) {
 // environment variable.
 func TestAdminAccess(t *testing.T) {
 	for src, want := range map[string]string{
-		"listen: {admin: \"0.0.0.0:9090\"}\n" + twoEngines: "listen.admin: 0.0.0.0:9090 is reachable from other machines and the admin API has no token",
+		"listen: {admin: \"0.0.0.0:9090\"}\n" + twoEngines:  "listen.admin: 0.0.0.0:9090 is reachable from other machines and the admin API has no token",
 		"listen: {admin: \"10.1.2.3:9090\"}\n" + twoEngines: "is reachable from other machines",
-		"admin: {token: a, token_env: B}\n" + twoEngines:      "admin.token: set one of token, token_file and token_env",
+		"admin: {token: a, token_env: B}\n" + twoEngines:    "admin.token: set one of token, token_file and token_env",
 	} {
 		if _, err := Load([]byte(src)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want %q", src, err, want)
