@@ -201,6 +201,9 @@ func (r *Router) join(fe *fleet.Engine) (int16, bool) {
 		r.aff.grow(len(r.engines))
 	} else {
 		r.aff.forget(int16(i)) // the prefixes the engine gone held are not the new one's
+		if i == int(r.fallback) {
+			r.fallback = -1 // chosen afresh for the fleet as it is now (updateFallback)
+		}
 	}
 	r.engines[i] = engine{id: fe.ID, prof: r.profiles[fe.Profile], corr: [2]float64{1, 1}}
 	r.byID[fe.ID] = int16(i)
