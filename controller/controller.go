@@ -720,6 +720,7 @@ func seconds(s float64) string {
 // source's role is not noted until it is active: it is not readmitted, it starts in that role;
 // one that joined without a role (RoleOpen) is, and readmission gives it one.
 func (c *Controller) noteLifecycles(fl fleet.Snapshot) {
+	held := 0 // entries for engines of fl: fewer than the map holds means some have left
 	for _, e := range fl.Engines {
 		_, seen := c.lifecycles[e.ID]
 		switch {
@@ -729,11 +730,17 @@ func (c *Controller) noteLifecycles(fl fleet.Snapshot) {
 			c.lifecycles[e.ID] = fleet.Recovering // readmitted once active, even if it is already
 		case e.Live():
 			c.lifecycles[e.ID] = e.Lifecycle
+		default:
+			continue
 		}
+		held++
 	}
-	for id := range c.lifecycles {
-		if _, ok := fl.Find(id); !ok {
-			delete(c.lifecycles, id)
+	if held < len(c.lifecycles) {
+		ids := fl.IDs()
+		for id := range c.lifecycles {
+			if _, ok := ids[id]; !ok {
+				delete(c.lifecycles, id)
+			}
 		}
 	}
 }

@@ -51,8 +51,20 @@ func (h *Health) Clone() *Health {
 
 // Retain forgets the streaks of the engines that are no longer in the fleet.
 func (h *Health) Retain(snap fleet.Snapshot) {
+	if len(h.streaks) <= len(snap.Engines) {
+		held := 0
+		for i := range snap.Engines {
+			if _, ok := h.streaks[snap.Engines[i].ID]; ok {
+				held++
+			}
+		}
+		if held == len(h.streaks) {
+			return // no streak of an engine that left
+		}
+	}
+	ids := snap.IDs()
 	for id := range h.streaks {
-		if _, ok := snap.Find(id); !ok {
+		if _, ok := ids[id]; !ok {
 			delete(h.streaks, id)
 		}
 	}

@@ -44,6 +44,15 @@ func (s *Snapshot) Split() (prefill, decode int) {
 	return prefill, decode
 }
 
+// IDs is the set of the snapshot's engine ids (to compare a membership with it).
+func (s *Snapshot) IDs() map[string]struct{} {
+	ids := make(map[string]struct{}, len(s.Engines))
+	for i := range s.Engines {
+		ids[s.Engines[i].ID] = struct{}{}
+	}
+	return ids
+}
+
 // Find returns the engine with the given id.
 func (s *Snapshot) Find(id string) (Engine, bool) {
 	for _, e := range s.Engines {

@@ -213,8 +213,9 @@ func (r *Router) join(fe *fleet.Engine) (int16, bool) {
 // leave marks the engines the fleet no longer has gone: out of placement at once, their
 // residents finishing where they are.
 func (r *Router) leave(snap *fleet.Snapshot) {
+	ids := snap.IDs()
 	for id, i := range r.byID {
-		if _, ok := snap.Find(id); ok {
+		if _, ok := ids[id]; ok {
 			continue
 		}
 		e := &r.engines[i]
