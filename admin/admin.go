@@ -23,6 +23,7 @@ import (
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/history"
 	"github.com/narwhal-llm/narwhal/router"
+	"github.com/narwhal-llm/narwhal/tlsfiles"
 )
 
 // Options configure a Server.
@@ -49,6 +50,9 @@ type Options struct {
 	}
 	// Discovery reports the sources that add and remove engines at run time; nil without any.
 	Discovery func() DiscoveryState
+	// TLS reports each listener's certificate (tls.extproc, tls.xds, tls.admin), by listener;
+	// nil when none serves TLS.
+	TLS func() map[string]tlsfiles.Status
 	// History is the history ring GET /narwhal/history serves; nil keeps none.
 	History *history.Ring[controller.Decision]
 }
@@ -148,6 +152,9 @@ func (s *Server) Snapshot() State {
 		for _, e := range s.o.Sizing() {
 			st.Sizing = append(st.Sizing, SizingState{Model: e.Model, Samples: e.Samples, MAPE: e.MAPE, Bias: e.Bias, BytesPerToken: e.BytesPerToken})
 		}
+	}
+	if s.o.TLS != nil {
+		st.TLS = s.o.TLS()
 	}
 	if s.o.Discovery != nil {
 		d := s.o.Discovery()

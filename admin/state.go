@@ -9,27 +9,29 @@ import (
 	"github.com/narwhal-llm/narwhal/envoy"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
+	"github.com/narwhal-llm/narwhal/tlsfiles"
 )
 
 // State is the JSON of GET /narwhal/state (README). Parts that the router and controller
 // own are reported as they stand: with no requests routed and no evaluation run yet, they are
 // zero, and the shape is already the contract's.
 type State struct {
-	Time           string                `json:"time"`
-	Advisory       bool                  `json:"advisory"`
-	FleetVersion   uint64                `json:"fleet_version"`
-	Split          Split                 `json:"split"`
-	Engines        []EngineState         `json:"engines"`
-	Fallback       string                `json:"fallback,omitempty"` // the aggregate fallback engine, when one serves
-	Demand         router.Demand         `json:"demand"`
-	Retained       router.Retained       `json:"retained"`
-	Counters       router.Counters       `json:"counters"`
-	Sizing         []SizingState         `json:"sizing"`
-	XDS            *envoy.Stats          `json:"xds,omitempty"`       // connected Envoys, pushes, NACKs
-	HA             *HAState              `json:"ha,omitempty"`        // replicas on etcd; absent for a single instance
-	Discovery      *DiscoveryState       `json:"discovery,omitempty"` // engines from sources at run time; absent without any
-	EvidenceWindow EvidenceWindow        `json:"evidence_window"`
-	Decisions      []controller.Decision `json:"decisions"` // the last records, oldest first
+	Time           string                     `json:"time"`
+	Advisory       bool                       `json:"advisory"`
+	FleetVersion   uint64                     `json:"fleet_version"`
+	Split          Split                      `json:"split"`
+	Engines        []EngineState              `json:"engines"`
+	Fallback       string                     `json:"fallback,omitempty"` // the aggregate fallback engine, when one serves
+	Demand         router.Demand              `json:"demand"`
+	Retained       router.Retained            `json:"retained"`
+	Counters       router.Counters            `json:"counters"`
+	Sizing         []SizingState              `json:"sizing"`
+	XDS            *envoy.Stats               `json:"xds,omitempty"`       // connected Envoys, pushes, NACKs
+	HA             *HAState                   `json:"ha,omitempty"`        // replicas on etcd; absent for a single instance
+	Discovery      *DiscoveryState            `json:"discovery,omitempty"` // engines from sources at run time; absent without any
+	TLS            map[string]tlsfiles.Status `json:"tls,omitempty"`       // the certificate each TLS listener serves, by listener
+	EvidenceWindow EvidenceWindow             `json:"evidence_window"`
+	Decisions      []controller.Decision      `json:"decisions"` // the last records, oldest first
 }
 
 // HAState is this replica's standing among replicas on etcd (docs/ha.md).

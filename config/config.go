@@ -26,6 +26,7 @@ const (
 // Config is the whole Narwhal configuration.
 type Config struct {
 	Listen         Listen             `yaml:"listen" json:"listen"`
+	TLS            TLS                `yaml:"tls" json:"tls"`
 	Admin          Admin              `yaml:"admin" json:"admin"`
 	SLO            SLO                `yaml:"slo" json:"slo"`
 	Router         Router             `yaml:"router" json:"router"`
@@ -170,6 +171,27 @@ type Listen struct {
 	XDS     string `yaml:"xds" json:"xds"`
 	Admin   string `yaml:"admin" json:"admin"`
 }
+
+// TLS is the TLS of each listener (docs/security.md); a listener without cert_file is plaintext.
+type TLS struct {
+	ExtProc ListenerTLS `yaml:"extproc" json:"extproc"`
+	XDS     ListenerTLS `yaml:"xds" json:"xds"`
+	Admin   ListenerTLS `yaml:"admin" json:"admin"`
+}
+
+// ListenerTLS names a listener's certificate and key and, for mutual TLS, the CA its clients'
+// certificates must chain to. The files are read again when they change.
+type ListenerTLS struct {
+	CertFile     string `yaml:"cert_file" json:"cert_file"`
+	KeyFile      string `yaml:"key_file" json:"key_file"`
+	ClientCAFile string `yaml:"client_ca_file" json:"client_ca_file"`
+}
+
+// Enabled reports whether the listener serves TLS.
+func (l ListenerTLS) Enabled() bool { return l.CertFile != "" }
+
+// Mutual reports whether clients must present a certificate from ClientCAFile.
+func (l ListenerTLS) Mutual() bool { return l.ClientCAFile != "" }
 
 // Admin configures the admin HTTP API.
 type Admin struct {
@@ -376,6 +398,14 @@ type Passive struct {
 // XDS configures the resources Narwhal publishes to Envoy.
 type XDS struct {
 	ClusterPrefix string `yaml:"cluster_prefix" json:"cluster_prefix"`
+	// Nodes, when set, are the only node ids the ADS server answers; any other Envoy gets no
+	// resources (its stream is refused). An id is what the Envoy says it is: with mutual TLS on
+	// listen.xds, Identities bind it to a certificate.
+	Nodes []string `yaml:"nodes" json:"nodes"`
+	// Identities, when set, are the client-certificate names (a URI SAN such as a SPIFFE ID, a
+	// DNS SAN or the subject common name) allowed to open ADS streams; needs
+	// tls.xds.client_ca_file.
+	Identities []string `yaml:"identities" json:"identities"`
 }
 
 // Sim is read only by `narwhal sim`.

@@ -139,6 +139,7 @@ func orList(xs []string) string {
 func (c *Config) check() findings {
 	k := &checker{}
 	k.listen(c.Listen)
+	k.tls(c)
 	k.adminAccess(c)
 	k.geInt("admin.history.samples", int64(c.Admin.History.Samples), 1)
 	k.gt("admin.history.interval_s", c.Admin.History.IntervalS, 0)
@@ -173,8 +174,8 @@ func (k *checker) adminAccess(c *Config) {
 	if slices.ContainsFunc(k.out, func(f finding) bool { return f.Path == "listen.admin" }) {
 		return // the address itself is wrong: that is the problem to fix first
 	}
-	if OffLoopback(c.Listen.Admin) && !a.HasToken() {
-		k.add("listen.admin", []string{"admin.token"}, "%s is reachable from other machines and the admin API has no token: set admin.token (or admin.token_file, admin.token_env), or bind listen.admin to 127.0.0.1", c.Listen.Admin)
+	if OffLoopback(c.Listen.Admin) && !a.HasToken() && !c.TLS.Admin.Mutual() {
+		k.add("listen.admin", []string{"admin.token"}, "%s is reachable from other machines and the admin API has no token: set admin.token (or admin.token_file, admin.token_env), require client certificates (tls.admin.client_ca_file), or bind listen.admin to 127.0.0.1", c.Listen.Admin)
 	}
 }
 
@@ -501,6 +502,34 @@ func (k *checker) health(h Health) {
 	k.geInt("health.healthy_after", int64(h.HealthyAfter), 1)
 	k.ge("health.recover_s", h.RecoverS, 0)
 	k.geInt("health.passive.consecutive_failures", int64(h.Passive.ConsecutiveFailures), 0)
+}
+
+// tls checks each listener's files go together; identities need client certificates to read.
+func (k *checker) tls(c *Config) {
+	for _, l := range []struct {
+		key string
+		t   ListenerTLS
+	}{{"tls.extproc", c.TLS.ExtProc}, {"tls.xds", c.TLS.XDS}, {"tls.admin", c.TLS.Admin}} {
+		if (l.t.CertFile == "") != (l.t.KeyFile == "") {
+			k.add(l.key, []string{l.key + ".cert_file", l.key + ".key_file"}, "cert_file and key_file go together")
+		}
+		if l.t.ClientCAFile != "" && l.t.CertFile == "" {
+			k.add(l.key+".client_ca_file", nil, "mutual TLS needs the listener's own certificate: set %s.cert_file and %s.key_file", l.key, l.key)
+		}
+	}
+	if len(c.XDS.Identities) > 0 && !c.TLS.XDS.Mutual() {
+		k.add("xds.identities", nil, "certificate identities need client certificates: set tls.xds.client_ca_file (and tls.xds.cert_file, key_file)")
+	}
+	for i, n := range c.XDS.Nodes {
+		if n == "" {
+			k.add(fmt.Sprintf("xds.nodes[%d]", i), nil, "must not be empty")
+		}
+	}
+	for i, n := range c.XDS.Identities {
+		if n == "" {
+			k.add(fmt.Sprintf("xds.identities[%d]", i), nil, "must not be empty")
+		}
+	}
 }
 
 func (k *checker) xds(x XDS) {

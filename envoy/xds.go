@@ -73,6 +73,7 @@ type Stats struct {
 	Version      string    `json:"version"`           // the EDS version published (what clients ACK)
 	FleetVersion uint64    `json:"fleet_version"`     // the fleet version the published resources reflect
 	Skipped      []Skipped `json:"skipped,omitempty"` // engines not in any assignment, and why
+	Refused      uint64    `json:"refused"`           // streams refused by xds.nodes or xds.identities
 }
 
 // NewServer builds the xDS server of prefix (config xds.cluster_prefix) and publishes the
@@ -114,6 +115,25 @@ func NewServer(ctx context.Context, prefix string, f *fleet.Fleet, log *slog.Log
 	snap := f.Snapshot()
 	s.publish(&snap)
 	return s
+}
+
+// Restrict limits who gets resources (docs/security.md): with nodes, only streams whose Envoy
+// names one of these node ids; with identities, only streams over mutual TLS whose client
+// certificate names one of them (a URI SAN, a DNS SAN or the common name). Anyone else's stream
+// ends with PERMISSION_DENIED before any resource is sent, and is logged once. Empty lists allow
+// every client. Call it before the server serves.
+func (s *Server) Restrict(nodes, identities []string) {
+	set := func(l []string) map[string]bool {
+		if len(l) == 0 {
+			return nil
+		}
+		m := make(map[string]bool, len(l))
+		for _, x := range l {
+			m[x] = true
+		}
+		return m
+	}
+	s.cb.access = access{nodes: set(nodes), identities: set(identities)}
 }
 
 // unservedKey classifies requests for types Narwhal does not serve.
@@ -207,6 +227,7 @@ func (s *Server) Stats() Stats {
 		Version:      p.version,
 		FleetVersion: p.fleetVersion,
 		Skipped:      slices.Clone(p.skipped),
+		Refused:      s.cb.refused.Load(),
 	}
 }
 

@@ -3,8 +3,16 @@ package envoy
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/narwhal-llm/narwhal/tlsfiles"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -35,11 +43,25 @@ type callbacks struct {
 	mu    sync.Mutex
 	sotw  map[int64]*streamState // the sotw and delta servers number their streams separately
 	delta map[int64]*streamState
+
+	access  access
+	refused atomic.Uint64
+	logged  map[string]bool // the refusals logged (once each, up to maxLogged)
 }
 
+// access is who may open ADS streams: nil sets allow anyone.
+type access struct {
+	nodes      map[string]bool // node ids (xds.nodes)
+	identities map[string]bool // client-certificate names (xds.identities)
+}
+
+// maxLogged bounds the refusals remembered as logged; beyond it they are counted only.
+const maxLogged = 1024
+
 type streamState struct {
-	node string
-	sent map[string]sentResponse // the last response sent, by type URL
+	node    string
+	checked bool                    // the node id was checked against access.nodes
+	sent    map[string]sentResponse // the last response sent, by type URL
 }
 
 type sentResponse struct{ nonce, version string }
@@ -48,7 +70,66 @@ var _ serverv3.Callbacks = (*callbacks)(nil)
 
 func newCallbacks(log *slog.Logger, m *xdsMetrics, classify func(string) string) *callbacks {
 	return &callbacks{log: log, metrics: m, classify: classify,
-		sotw: map[int64]*streamState{}, delta: map[int64]*streamState{}}
+		sotw: map[int64]*streamState{}, delta: map[int64]*streamState{}, logged: map[string]bool{}}
+}
+
+// refuse counts a refused stream, logs it the first time for this who and why, and returns the
+// error the client gets: PERMISSION_DENIED, before any resource is sent.
+func (c *callbacks) refuse(who, why string) error {
+	c.refused.Add(1)
+	c.metrics.refused.Inc()
+	key := why + "\x00" + who
+	c.mu.Lock()
+	first := !c.logged[key] && len(c.logged) < maxLogged
+	if first {
+		c.logged[key] = true
+	}
+	c.mu.Unlock()
+	if first {
+		c.log.Warn("xds: stream refused: this client gets no resources (logged once)", "client", who, "why", why)
+	}
+	return status.Errorf(codes.PermissionDenied, "narwhal: client %q %s", who, why)
+}
+
+// checkPeer refuses a stream whose client certificate names no allowed identity.
+func (c *callbacks) checkPeer(ctx context.Context) error {
+	if c.access.identities == nil {
+		return nil
+	}
+	p, _ := peer.FromContext(ctx)
+	var ids []string
+	if p != nil {
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.PeerCertificates) > 0 {
+			ids = tlsfiles.Identities(ti.State.PeerCertificates[0])
+		}
+	}
+	for _, id := range ids {
+		if c.access.identities[id] {
+			return nil
+		}
+	}
+	addr := ""
+	if p != nil {
+		addr = p.Addr.String()
+	}
+	return c.refuse(addr+" "+strings.Join(ids, ","), "has no client certificate identity in xds.identities")
+}
+
+// checkNode refuses a stream whose node id is not allowed, once per stream (Envoy names its node
+// on the first request only).
+func (c *callbacks) checkNode(st *streamState) error {
+	if c.access.nodes == nil {
+		return nil
+	}
+	c.mu.Lock()
+	done := st.checked
+	st.checked = true
+	node := st.node
+	c.mu.Unlock()
+	if done || c.access.nodes[node] {
+		return nil
+	}
+	return c.refuse(node, "is not in xds.nodes")
 }
 
 func (c *callbacks) open(streams map[int64]*streamState, id int64) {
@@ -100,7 +181,10 @@ func (c *callbacks) pushed(typeURL string) {
 }
 
 // OnStreamOpen counts a state-of-the-world stream.
-func (c *callbacks) OnStreamOpen(_ context.Context, id int64, _ string) error {
+func (c *callbacks) OnStreamOpen(ctx context.Context, id int64, _ string) error {
+	if err := c.checkPeer(ctx); err != nil {
+		return err
+	}
 	c.open(c.sotw, id)
 	return nil
 }
@@ -109,7 +193,10 @@ func (c *callbacks) OnStreamOpen(_ context.Context, id int64, _ string) error {
 func (c *callbacks) OnStreamClosed(id int64, _ *corev3.Node) { c.close(c.sotw, id) }
 
 // OnDeltaStreamOpen counts a delta stream.
-func (c *callbacks) OnDeltaStreamOpen(_ context.Context, id int64, _ string) error {
+func (c *callbacks) OnDeltaStreamOpen(ctx context.Context, id int64, _ string) error {
+	if err := c.checkPeer(ctx); err != nil {
+		return err
+	}
 	c.open(c.delta, id)
 	return nil
 }
@@ -122,6 +209,9 @@ func (c *callbacks) OnDeltaStreamClosed(id int64, _ *corev3.Node) { c.close(c.de
 func (c *callbacks) OnStreamRequest(id int64, req *discovery.DiscoveryRequest) error {
 	typeURL := req.GetTypeUrl()
 	st, last, ok := c.request(c.sotw, id, req.GetNode(), typeURL)
+	if err := c.checkNode(st); err != nil {
+		return err
+	}
 	if c.classify(typeURL) == unservedKey && !ok && req.GetResponseNonce() == "" {
 		c.log.Info("xds: request for a type Narwhal does not serve, left unanswered", "stream", id, "node", st.node, "type", typeURL)
 	}
@@ -150,6 +240,9 @@ func (c *callbacks) OnStreamResponse(_ context.Context, id int64, _ *discovery.D
 // OnStreamDeltaRequest counts and logs NACKs on delta streams.
 func (c *callbacks) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryRequest) error {
 	st, last, ok := c.request(c.delta, id, req.GetNode(), req.GetTypeUrl())
+	if err := c.checkNode(st); err != nil {
+		return err
+	}
 	if req.GetErrorDetail() != nil {
 		rejected := ""
 		if ok && last.nonce == req.GetResponseNonce() {
@@ -196,6 +289,7 @@ type xdsMetrics struct {
 	pushes  *prometheus.CounterVec
 	nacks   *prometheus.CounterVec
 	version prometheus.Gauge
+	refused prometheus.Counter
 }
 
 func newXDSMetrics(reg prometheus.Registerer) *xdsMetrics {
@@ -212,13 +306,16 @@ func newXDSMetrics(reg prometheus.Registerer) *xdsMetrics {
 		version: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "narwhal_xds_version", Help: "The fleet version the published xDS resources reflect.",
 		}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "narwhal_xds_refused_total", Help: "ADS streams refused: a node id not in xds.nodes, or a client certificate with no identity in xds.identities.",
+		}),
 	}
 	for _, t := range []string{"cds", "eds"} {
 		m.pushes.WithLabelValues(t)
 		m.nacks.WithLabelValues(t)
 	}
 	if reg != nil {
-		reg.MustRegister(m.clients, m.pushes, m.nacks, m.version)
+		reg.MustRegister(m.clients, m.pushes, m.nacks, m.version, m.refused)
 	}
 	return m
 }

@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +22,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/narwhal-llm/narwhal/admin"
 	"github.com/narwhal-llm/narwhal/gateway"
@@ -38,6 +42,10 @@ type Options struct {
 	// /readyz before the first request, and shows the split and each role change ("": neither).
 	Admin     string
 	ReadyWait time.Duration
+	// ExtProcTLS and AdminTLS, when set, are the client side of TLS toward the ext_proc listener
+	// and an https Admin (tls.extproc, tls.admin; docs/security.md): the CA to trust and, for
+	// mutual TLS, the client certificate. Nil ExtProcTLS: plaintext ext_proc.
+	ExtProcTLS, AdminTLS *tls.Config
 	// TTFTS and TPOTS are the SLO a request is judged against (slo.ttft_s, slo.tpot_s).
 	TTFTS, TPOTS float64
 	// Model is the requests' model field.
@@ -87,10 +95,16 @@ func Run(ctx context.Context, reqs []sim.Request, o Options) (*Summary, error) {
 	if len(o.Paths) == 0 {
 		return nil, errors.New("load: no routed path")
 	}
-	if err := waitReady(ctx, o.Admin, o.ReadyWait); err != nil {
+	admin := &http.Client{Transport: &http.Transport{TLSClientConfig: o.AdminTLS}}
+	defer admin.CloseIdleConnections()
+	if err := waitReady(ctx, admin, o.Admin, o.ReadyWait); err != nil {
 		return nil, err
 	}
-	gw, err := gateway.NewGateway(o.ExtProc, o.Mode, gateway.WithRoutedPaths(o.Paths...))
+	gwOpts := []gateway.GatewayOption{gateway.WithRoutedPaths(o.Paths...)}
+	if o.ExtProcTLS != nil {
+		gwOpts = append(gwOpts, gateway.WithDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(o.ExtProcTLS))))
+	}
+	gw, err := gateway.NewGateway(o.ExtProc, o.Mode, gwOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("load: the ext_proc client for %s: %w", o.ExtProc, err)
 	}
@@ -116,7 +130,7 @@ func Run(ctx context.Context, reqs []sim.Request, o Options) (*Summary, error) {
 	if every <= 0 {
 		every = 5 * time.Second
 	}
-	r := &run{o: o, begin: time.Now(), results: make([]result, 0, len(reqs))}
+	r := &run{o: o, admin: admin, begin: time.Now(), results: make([]result, 0, len(reqs))}
 	reqCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan struct{})
@@ -141,7 +155,7 @@ func Run(ctx context.Context, reqs []sim.Request, o Options) (*Summary, error) {
 
 // waitReady polls admin's /readyz until it answers 200, for up to wait ("" admin or 0 wait: no
 // wait).
-func waitReady(ctx context.Context, admin string, wait time.Duration) error {
+func waitReady(ctx context.Context, client *http.Client, admin string, wait time.Duration) error {
 	if admin == "" || wait <= 0 {
 		return nil
 	}
@@ -154,7 +168,7 @@ func waitReady(ctx context.Context, admin string, wait time.Duration) error {
 		if err != nil {
 			return err
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := client.Do(req)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -194,6 +208,7 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 // run is the state of one Run.
 type run struct {
 	o     Options
+	admin *http.Client // GET /narwhal/state, over TLS when Options.AdminTLS
 	begin time.Time
 
 	mu      sync.Mutex
@@ -354,7 +369,7 @@ func (r *run) look(ctx context.Context) string {
 	if err != nil {
 		return ""
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := r.admin.Do(req)
 	if err != nil {
 		return ""
 	}

@@ -44,6 +44,9 @@ func newEnvoyConfig(stdout io.Writer) *cobra.Command {
 	f.StringVar(&o.BodyMode, "body-mode", bootstrap.BodyBuffered, "ext_proc request_body_mode: "+bootstrap.BodyBuffered+" or "+bootstrap.BodyFullDuplex)
 	f.StringSliceVar(&o.NarwhalHosts, "narwhal-hosts", nil, "host names Envoy reaches Narwhal by (e.g. the compose service name), comma-separated: several for replicas on etcd")
 	f.StringSliceVar(&o.NarwhalHosts, "narwhal-host", nil, "the same as --narwhal-hosts, one host")
+	f.StringVar(&o.TLS.CAFile, "tls-ca", "", "with tls.extproc or tls.xds: the CA file, as Envoy reads it, that signed Narwhal's certificates")
+	f.StringVar(&o.TLS.CertFile, "tls-cert", "", "with a client_ca_file (mutual TLS): Envoy's client certificate file, as Envoy reads it")
+	f.StringVar(&o.TLS.KeyFile, "tls-key", "", "with a client_ca_file (mutual TLS): the key of Envoy's client certificate")
 	f.IntVar(&o.DiscoveredEngines, "discovered-engines", 0, fmt.Sprintf("engines discovery may add beyond the config's: the circuit breakers are sized for them (0: %d when the config discovers engines)", bootstrap.DefaultDiscoveredEngines))
 	return cmd
 }

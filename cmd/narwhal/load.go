@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,11 +18,13 @@ import (
 	"github.com/narwhal-llm/narwhal/gateway"
 	"github.com/narwhal-llm/narwhal/load"
 	"github.com/narwhal-llm/narwhal/sim"
+	"github.com/narwhal-llm/narwhal/tlsfiles"
 )
 
 func newLoad(stdout, stderr io.Writer) *cobra.Command {
 	var (
 		cfgPath, extproc, adminURL, listen, bodyMode, model, reportPath string
+		tlsCA, tlsCert, tlsKey                                          string
 		durationS, everyS, waitS                                        float64
 		wl                                                              workload
 	)
@@ -63,7 +67,26 @@ func newLoad(stdout, stderr io.Writer) *cobra.Command {
 				return failureErr(err)
 			}
 			if adminURL == "" {
-				adminURL = "http://" + loopback(cfg.Listen.Admin)
+				scheme := "http://"
+				if cfg.TLS.Admin.Enabled() {
+					scheme = "https://"
+				}
+				adminURL = scheme + loopback(cfg.Listen.Admin)
+			}
+			var extTLS, adminTLS *tls.Config // the client side of tls.extproc and tls.admin
+			if cfg.TLS.ExtProc.Enabled() || cfg.TLS.Admin.Enabled() {
+				tc, err := tlsfiles.Client("load: --tls-ca, --tls-cert, --tls-key", tlsCA, tlsCert, tlsKey)
+				if err != nil {
+					return usageErr(err)
+				}
+				if cfg.TLS.ExtProc.Enabled() {
+					extTLS = tc
+				}
+				if cfg.TLS.Admin.Enabled() {
+					adminTLS = tc
+				}
+			} else if tlsCA != "" || tlsCert != "" || tlsKey != "" {
+				return usageErr(errors.New("load: --tls-* given but the config serves no TLS (tls.extproc, tls.admin)"))
 			}
 			lis, err := net.Listen("tcp", listen)
 			if err != nil {
@@ -75,6 +98,7 @@ func newLoad(stdout, stderr io.Writer) *cobra.Command {
 			defer stop()
 			sum, err := load.Run(ctx, reqs, load.Options{
 				ExtProc: extproc, Mode: mode, Paths: cfg.Router.Paths, Admin: adminURL, ReadyWait: time.Duration(waitS * float64(time.Second)),
+				ExtProcTLS: extTLS, AdminTLS: adminTLS,
 				TTFTS: cfg.SLO.TTFTS, TPOTS: cfg.SLO.TPOTS, Model: model,
 				Every: time.Duration(everyS * float64(time.Second)), Progress: stderr, Listener: lis,
 			})
@@ -95,6 +119,9 @@ func newLoad(stdout, stderr io.Writer) *cobra.Command {
 	f.StringVar(&cfgPath, "config", "", "the config narwhal serve runs (default: the embedded one): its listen addresses, router.paths and SLO")
 	f.StringVar(&extproc, "extproc", "", "Narwhal's ext_proc address (default: the config's listen.extproc)")
 	f.StringVar(&adminURL, "admin", "", "Narwhal's admin URL, for the split and role changes (default: http:// and the config's listen.admin)")
+	f.StringVar(&tlsCA, "tls-ca", "", "with tls.extproc (and tls.admin): the CA file that signed Narwhal's certificates (default: the system's roots)")
+	f.StringVar(&tlsCert, "tls-cert", "", "with mutual TLS: the client certificate presented to Narwhal")
+	f.StringVar(&tlsKey, "tls-key", "", "with mutual TLS: the client certificate's key")
 	f.StringVar(&listen, "listen", "127.0.0.1:0", "where the gateway also serves other clients while the run lasts (host:port)")
 	f.StringVar(&bodyMode, "body-mode", bootstrap.BodyBuffered, "the ext_proc request_body_mode played: "+bootstrap.BodyBuffered+" or "+bootstrap.BodyFullDuplex)
 	f.StringVar(&model, "model", "narwhal-demo", "the requests' model field")

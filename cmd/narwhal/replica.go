@@ -3,10 +3,8 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"github.com/narwhal-llm/narwhal/ha"
 	"github.com/narwhal-llm/narwhal/router"
 	"github.com/narwhal-llm/narwhal/state"
+	"github.com/narwhal-llm/narwhal/tlsfiles"
 )
 
 // haNode is a replica's membership in a store the replicas share: etcd (ha.Node) or the
@@ -99,25 +98,7 @@ func etcdTLS(t config.EtcdTLS) (*tls.Config, error) {
 	if t == (config.EtcdTLS{}) {
 		return nil, nil
 	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if t.CAFile != "" {
-		pem, err := os.ReadFile(t.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("ha.etcd.tls.ca_file: %w", err)
-		}
-		tc.RootCAs = x509.NewCertPool()
-		if !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("ha.etcd.tls.ca_file %s: no certificate in it", t.CAFile)
-		}
-	}
-	if t.CertFile != "" {
-		c, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("ha.etcd.tls: %w", err)
-		}
-		tc.Certificates = []tls.Certificate{c}
-	}
-	return tc, nil
+	return tlsfiles.Client("ha.etcd.tls", t.CAFile, t.CertFile, t.KeyFile)
 }
 
 func (r *replica) register(reg prometheus.Registerer) { reg.MustRegister(r.leader, r.elections) }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -29,6 +31,7 @@ import (
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
 	"github.com/narwhal-llm/narwhal/state"
+	"github.com/narwhal-llm/narwhal/tlsfiles"
 )
 
 func newServe(g *globalFlags, stderr io.Writer) *cobra.Command {
@@ -78,6 +81,10 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		return usageErr(err)
 	}
 	cfg.Admin.Token = token // the admin server compares with it
+	tlsSrv, err := newListenerTLS(cfg, log)
+	if err != nil {
+		return failureErr(err)
+	}
 	lns, err := listenAll(cfg)
 	if err != nil {
 		return err
@@ -159,8 +166,10 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	runCtx, cancel := context.WithCancel(ctx) // the servers' and loops' life; ended after the drain
 	defer cancel()
 	xds := envoy.NewServer(runCtx, cfg.XDS.ClusterPrefix, f, log, reg)
-	xdsSrv := grpc.NewServer(envoy.ServerOptions()...)
+	xds.Restrict(cfg.XDS.Nodes, cfg.XDS.Identities)
+	xdsSrv := grpc.NewServer(append(envoy.ServerOptions(), tlsSrv.creds(tlsSrv.xds)...)...)
 	xds.Register(xdsSrv)
+	tlsSrv.register(reg)
 	var haState func() admin.HAState
 	if rep != nil {
 		haState = rep.State
@@ -193,8 +202,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		}
 	}
 	adm := admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log,
-		Router: live, Sizing: sizer.Errors, XDS: xds, Controller: roles, HA: haState, History: rec.ring, Discovery: discoveryState})
-	grpcSrv := grpc.NewServer(extproc.GRPCServerOptions(cfg)...)
+		Router: live, Sizing: sizer.Errors, XDS: xds, Controller: roles, HA: haState, History: rec.ring, Discovery: discoveryState,
+		TLS: tlsSrv.status()})
+	grpcSrv := grpc.NewServer(append(extproc.GRPCServerOptions(cfg), tlsSrv.creds(tlsSrv.extproc)...)...)
 	health := grpchealth.NewServer() // Envoy's ext_proc cluster health-checks over gRPC
 	healthpb.RegisterHealthServer(grpcSrv, health)
 	ext := extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: live, Sizer: sizer,
@@ -202,6 +212,9 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	ext.Register(grpcSrv)
 
 	adminSrv := &http.Server{Handler: adm, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	if tlsSrv.admin != nil {
+		adminSrv.TLSConfig = tlsSrv.admin.Config()
+	}
 
 	prober := &controller.HTTPProber{
 		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: 30 * time.Second}},
@@ -221,7 +234,11 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		}
 	}
 	wg.Go(func() {
-		if err := adminSrv.Serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
+		serveAdmin := adminSrv.Serve
+		if tlsSrv.admin != nil {
+			serveAdmin = func(ln net.Listener) error { return adminSrv.ServeTLS(ln, "", "") }
+		}
+		if err := serveAdmin(adminLn); !errors.Is(err, http.ErrServerClosed) {
 			fail(fmt.Errorf("admin server: %w", err))
 		}
 	})
@@ -312,7 +329,8 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	}
 	log.Info("narwhal serving", "version", version, "admin", adminLn.Addr().String(),
 		"extproc", extprocLn.Addr().String(), "xds", xdsLn.Addr().String(), "engines", len(snap.Engines), "prefill", p, "decode", d,
-		"discovery_file", cfg.Discovery.File.Path, "discovery_kubernetes", cfg.Discovery.Kubernetes.Namespace)
+		"discovery_file", cfg.Discovery.File.Path, "discovery_kubernetes", cfg.Discovery.Kubernetes.Namespace,
+		"tls", tlsSrv.summary())
 
 	var runErr error
 	select {
@@ -390,6 +408,92 @@ func resolveAll(ctx context.Context, f *fleet.Fleet, h config.Health, log *slog.
 		}
 		_, _ = f.SetAddr(e.ID, ap, time.Now())
 	}
+}
+
+// listenerTLS is the TLS of each listener that serves it (docs/security.md); nil for plaintext.
+type listenerTLS struct {
+	extproc, xds, admin *tlsfiles.Server
+}
+
+// newListenerTLS reads the certificate files of every listener with tls.*.cert_file: a file that
+// does not load stops serve before anything listens.
+func newListenerTLS(cfg *config.Config, log *slog.Logger) (*listenerTLS, error) {
+	t := &listenerTLS{}
+	for _, l := range []struct {
+		key  string
+		conf config.ListenerTLS
+		srv  **tlsfiles.Server
+	}{{"tls.extproc", cfg.TLS.ExtProc, &t.extproc}, {"tls.xds", cfg.TLS.XDS, &t.xds}, {"tls.admin", cfg.TLS.Admin, &t.admin}} {
+		if !l.conf.Enabled() {
+			continue
+		}
+		s, err := tlsfiles.NewServer(l.key, tlsfiles.Files{CertFile: l.conf.CertFile, KeyFile: l.conf.KeyFile, ClientCAFile: l.conf.ClientCAFile}, log)
+		if err != nil {
+			return nil, err
+		}
+		*l.srv = s
+	}
+	return t, nil
+}
+
+// all are the three listeners by name, nil for plaintext.
+func (t *listenerTLS) all() []struct {
+	name string
+	s    *tlsfiles.Server
+} {
+	return []struct {
+		name string
+		s    *tlsfiles.Server
+	}{{"extproc", t.extproc}, {"xds", t.xds}, {"admin", t.admin}}
+}
+
+// each calls f for every listener that serves TLS.
+func (t *listenerTLS) each(f func(name string, s *tlsfiles.Server)) {
+	for _, l := range t.all() {
+		if l.s != nil {
+			f(l.name, l.s)
+		}
+	}
+}
+
+// creds are the gRPC server options of a listener: TLS credentials, or none for plaintext.
+func (t *listenerTLS) creds(s *tlsfiles.Server) []grpc.ServerOption {
+	if s == nil {
+		return nil
+	}
+	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(s.Config()))}
+}
+
+func (t *listenerTLS) register(reg prometheus.Registerer) {
+	t.each(func(_ string, s *tlsfiles.Server) { s.Register(reg) })
+}
+
+// status is /narwhal/state's tls: nil when every listener is plaintext.
+func (t *listenerTLS) status() func() map[string]tlsfiles.Status {
+	if *t == (listenerTLS{}) {
+		return nil
+	}
+	return func() map[string]tlsfiles.Status {
+		m := map[string]tlsfiles.Status{}
+		t.each(func(name string, s *tlsfiles.Server) { m[name] = s.Status() })
+		return m
+	}
+}
+
+// summary is the start line's tls: each listener plaintext, tls or mtls.
+func (t *listenerTLS) summary() string {
+	var parts []string
+	for _, l := range t.all() {
+		mode := "plaintext"
+		if l.s != nil {
+			mode = "tls"
+			if l.s.Status().Mutual {
+				mode = "mtls"
+			}
+		}
+		parts = append(parts, l.name+"="+mode)
+	}
+	return strings.Join(parts, " ")
 }
 
 // listenAll opens every listener the config names before anything runs: admin, ext_proc, xDS.

@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"text/template"
@@ -54,7 +55,26 @@ type Options struct {
 	// prefill_concurrency of the config's profiles. 0 with a config that discovers engines means
 	// DefaultDiscoveredEngines.
 	DiscoveredEngines int
+	// TLS is Envoy's side of Narwhal's TLS (tls.extproc, tls.xds; docs/security.md): the files
+	// as Envoy reads them. Needed when either listener serves TLS; its client certificate when
+	// either requires one (client_ca_file).
+	TLS ClientTLS
 }
+
+// ClientTLS names the files of a TLS client: the CA that signed the server's certificate and,
+// for mutual TLS, the client's certificate and key.
+type ClientTLS struct {
+	CAFile, CertFile, KeyFile string
+}
+
+// bsTLS is the transport socket of one cluster to Narwhal.
+type bsTLS struct {
+	ClientTLS
+	Mutual bool
+	SANs   []bsSAN // the names Narwhal's certificate must carry: the hosts Envoy dials
+}
+
+type bsSAN struct{ Type, Value string }
 
 // DefaultDiscoveredEngines is Options.DiscoveredEngines for a config that discovers engines.
 const DefaultDiscoveredEngines = 64
@@ -128,6 +148,7 @@ type bsData struct {
 	Listen, Admin       bsAddr
 	AdminURL            string // host:port of the admin as a browser would reach it
 	ExtProc, XDS        bsAddrs
+	ExtProcTLS, XDSTLS  *bsTLS // nil: plaintext
 	ExtProcListen       string
 	XDSListen           string
 	FullDuplex          bool
@@ -200,6 +221,15 @@ func bootstrapData(cfg *config.Config, o Options) (*bsData, error) {
 		}
 		d.ExtProc, d.XDS = append(d.ExtProc, e), append(d.XDS, x)
 	}
+	if d.ExtProcTLS, err = bsTransport(cfg.TLS.ExtProc, "extproc", d.ExtProc, o.TLS); err != nil {
+		return nil, err
+	}
+	if d.XDSTLS, err = bsTransport(cfg.TLS.XDS, "xds", d.XDS, o.TLS); err != nil {
+		return nil, err
+	}
+	if o.TLS != (ClientTLS{}) && d.ExtProcTLS == nil && d.XDSTLS == nil {
+		return nil, errors.New("envoy: TLS files given (--tls-ca, --tls-cert, --tls-key) but neither listen.extproc nor listen.xds serves TLS in the Narwhal config (tls.extproc, tls.xds)")
+	}
 	switch o.BodyMode {
 	case "", BodyBuffered:
 		d.BodyMode = BodyBuffered
@@ -237,6 +267,33 @@ func bootstrapData(cfg *config.Config, o Options) (*bsData, error) {
 	d.ExtProcBreaker = roundUp(d.Capacity+d.Streams, 1024)
 	d.OriginalDstBreaker = roundUp(max(d.Streams, 1), 1024)
 	return d, nil
+}
+
+// bsTransport is the TLS of Envoy's cluster to one Narwhal listener, nil when it is plaintext.
+func bsTransport(t config.ListenerTLS, key string, hosts bsAddrs, c ClientTLS) (*bsTLS, error) {
+	if !t.Enabled() {
+		return nil, nil
+	}
+	if c.CAFile == "" {
+		return nil, fmt.Errorf("envoy: listen.%s serves TLS (tls.%s.cert_file): give the CA file Envoy checks Narwhal's certificate with (--tls-ca)", key, key)
+	}
+	if t.Mutual() && (c.CertFile == "" || c.KeyFile == "") {
+		return nil, fmt.Errorf("envoy: listen.%s requires client certificates (tls.%s.client_ca_file): give Envoy's certificate and key (--tls-cert, --tls-key)", key, key)
+	}
+	b := &bsTLS{ClientTLS: c, Mutual: t.Mutual()}
+	if !b.Mutual {
+		b.CertFile, b.KeyFile = "", ""
+	}
+	for _, h := range hosts {
+		san := bsSAN{Type: "DNS", Value: h.Host}
+		if h.IsIP() {
+			san.Type = "IP_ADDRESS"
+		}
+		if !slices.Contains(b.SANs, san) {
+			b.SANs = append(b.SANs, san)
+		}
+	}
+	return b, nil
 }
 
 func roundUp(n, m int) int { return (n + m - 1) / m * m }
@@ -306,6 +363,29 @@ const bootstrapParts = `{{define "discovery"}}
         explicit_http_config:
           http2_protocol_options:
             connection_keepalive: {interval: 30s, timeout: 5s}{{end}}
+{{- define "tls"}}{{if .}}
+    # TLS to Narwhal: its certificate must chain to the CA below and name the host Envoy dials;
+    # gRPC needs h2 by ALPN.{{if .Mutual}} Envoy presents its own certificate (mutual TLS).{{end}}
+    # Envoy reads these files at start: restart it (or serve them by SDS) to rotate them.
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        common_tls_context:
+          alpn_protocols: [h2]
+          tls_params: {tls_minimum_protocol_version: TLSv1_2}
+{{- if .Mutual}}
+          tls_certificates:
+          - certificate_chain: {filename: {{q .CertFile}}}
+            private_key: {filename: {{q .KeyFile}}}
+{{- end}}
+          validation_context:
+            trusted_ca: {filename: {{q .CAFile}}}
+            match_typed_subject_alt_names:
+{{- range .SANs}}
+            - san_type: {{.Type}}
+              matcher: {exact: {{q .Value}}}
+{{- end}}{{end}}{{end}}
 {{- define "endpoints"}}
 {{- range .}}
         - endpoint:
@@ -468,7 +548,7 @@ static_resources:
   - name: {{.ExtProcCluster}}{{template "discovery" .ExtProc}}
     connect_timeout: 1s
     # A request body travels to Narwhal in one gRPC message.
-    per_connection_buffer_limit_bytes: {{.BufferLimit}}{{template "http2"}}
+    per_connection_buffer_limit_bytes: {{.BufferLimit}}{{template "http2"}}{{template "tls" .ExtProcTLS}}
     circuit_breakers:
       thresholds:
       - priority: DEFAULT
@@ -499,7 +579,7 @@ static_resources:
 
   # Narwhal's ADS server (listen.xds {{.XDSListen}}): clusters {{join .Clusters ", "}}.
   - name: {{.XDSCluster}}{{template "discovery" .XDS}}
-    connect_timeout: 1s{{template "http2"}}
+    connect_timeout: 1s{{template "http2"}}{{template "tls" .XDSTLS}}
     load_assignment:
       cluster_name: {{.XDSCluster}}
       endpoints:

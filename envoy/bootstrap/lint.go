@@ -18,6 +18,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/proto"
@@ -417,6 +418,7 @@ func (l *linter) grpcCluster(lc lintCluster, key, want string) {
 				problem.Fields(problem.Index(problem.Key(problem.Index(ap, i), "lb_endpoints"), j), "endpoint.address.socket_address")})
 		}
 	}
+	l.transport(lc, key)
 	switch {
 	case len(eps) == 0:
 		l.add(problem.Key(p, "load_assignment"), "cluster %q has no endpoint: it needs Narwhal's %s", c.GetName(), key)
@@ -436,6 +438,44 @@ func (l *linter) grpcCluster(lc lintCluster, key, want string) {
 		if msg := addrMismatch(e.sa.GetAddress(), strconv.Itoa(int(e.sa.GetPortValue())), key, want); msg != "" {
 			l.add(e.path, "%s", msg)
 		}
+	}
+}
+
+// transport checks that a cluster to Narwhal's listener key (listen.extproc, listen.xds) speaks
+// what the listener serves: TLS on one side only is an error naming both; with TLS, Envoy must
+// check Narwhal's certificate and offer h2 by ALPN (grpc-go refuses a TLS connection without
+// it), and present a client certificate where Narwhal requires one.
+func (l *linter) transport(lc lintCluster, key string) {
+	if l.cfg == nil {
+		return
+	}
+	c, p := lc.c, problem.Key(lc.path, "transport_socket")
+	t, tkey := l.cfg.TLS.ExtProc, "tls.extproc"
+	if key == "listen.xds" {
+		t, tkey = l.cfg.TLS.XDS, "tls.xds"
+	}
+	ts := c.GetTransportSocket()
+	var up tlsv3.UpstreamTlsContext
+	isTLS := ts != nil && ts.GetTypedConfig() != nil && ts.GetTypedConfig().UnmarshalTo(&up) == nil
+	switch {
+	case t.Enabled() && !isTLS:
+		l.add(p, "cluster %q speaks plaintext but Narwhal serves TLS on %s (%s.cert_file): add a transport_socket envoy.transport_sockets.tls with an UpstreamTlsContext (narwhal envoy-config --tls-ca writes it)", c.GetName(), key, tkey)
+		return
+	case !t.Enabled() && ts != nil:
+		l.add(p, "cluster %q speaks TLS but Narwhal's %s is plaintext (no %s.cert_file): remove the transport_socket or set %s", c.GetName(), key, tkey, tkey)
+		return
+	case !t.Enabled():
+		return
+	}
+	ctx, cp := up.GetCommonTlsContext(), problem.Fields(p, "typed_config.common_tls_context")
+	if !slices.Contains(ctx.GetAlpnProtocols(), "h2") {
+		l.add(problem.Key(cp, "alpn_protocols"), "must offer h2: Narwhal's gRPC server (grpc-go) refuses TLS connections that do not negotiate h2 by ALPN")
+	}
+	if ctx.GetValidationContext().GetTrustedCa() == nil && ctx.GetValidationContextSdsSecretConfig() == nil && ctx.GetCombinedValidationContext() == nil {
+		l.add(problem.Key(cp, "validation_context"), "missing: Envoy would accept any certificate for Narwhal's %s; set trusted_ca {filename: <the CA that signed %s.cert_file>}", key, tkey)
+	}
+	if t.Mutual() && len(ctx.GetTlsCertificates()) == 0 && len(ctx.GetTlsCertificateSdsSecretConfigs()) == 0 && ctx.GetTlsCertificateProviderInstance() == nil {
+		l.add(problem.Key(cp, "tls_certificates"), "missing: Narwhal requires a client certificate on %s (%s.client_ca_file); give Envoy one that CA signed", key, tkey)
 	}
 }
 
