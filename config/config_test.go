@@ -784,6 +784,31 @@ func TestDiscoveryAndMembers(t *testing.T) {
 	}
 }
 
+// tls.*: each listener's cert_file and key_file go together, a client CA needs the listener's
+// own certificate, certificate identities need client certificates; TLS alone (no client CA)
+// does not open the admin API to other machines.
+func TestTLSConfig(t *testing.T) {
+	for src, want := range map[string]string{
+		"tls: {extproc: {cert_file: a.crt}}\n" + twoEngines:                                           "tls.extproc: cert_file and key_file go together",
+		"tls: {xds: {key_file: a.key}}\n" + twoEngines:                                                "tls.xds: cert_file and key_file go together",
+		"tls: {admin: {client_ca_file: ca.crt}}\n" + twoEngines:                                       "tls.admin.client_ca_file: mutual TLS needs the listener's own certificate",
+		"xds: {identities: [spiffe://x/envoy]}\n" + twoEngines:                                        "xds.identities: certificate identities need client certificates",
+		"tls: {xds: {cert_file: a, key_file: b}}\nxds: {identities: [x]}\n" + twoEngines:              "xds.identities: certificate identities need client certificates",
+		"xds: {nodes: [\"\"]}\n" + twoEngines:                                                         "xds.nodes[0]: must not be empty",
+		"listen: {admin: \"0.0.0.0:9090\"}\ntls: {admin: {cert_file: a, key_file: b}}\n" + twoEngines: "listen.admin: 0.0.0.0:9090 is reachable from other machines",
+		"tls: {extproc: {cert_file: a, key_file: b, ca_file: c}}\n" + twoEngines:                      "tls.extproc.ca_file",
+	} {
+		if _, err := Load([]byte(src)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", src, err, want)
+		}
+	}
+	cfg, err := Load([]byte("tls: {extproc: {cert_file: a, key_file: b, client_ca_file: c}, xds: {cert_file: a, key_file: b, client_ca_file: c}}\n" +
+		"xds: {nodes: [envoy-1], identities: [spiffe://x/envoy]}\n" + twoEngines))
+	if err != nil || !cfg.TLS.ExtProc.Mutual() || !cfg.TLS.XDS.Enabled() || cfg.TLS.Admin.Enabled() || len(cfg.XDS.Nodes) != 1 {
+		t.Fatalf("%+v %v", cfg.TLS, err)
+	}
+}
+
 // An admin API reachable from other machines needs a token; the token may come from a file or an
 // environment variable.
 func TestAdminAccess(t *testing.T) {
@@ -801,6 +826,8 @@ func TestAdminAccess(t *testing.T) {
 		"listen: {admin: \"localhost:9090\"}\n" + twoEngines,
 		"listen: {admin: \"[::1]:9090\"}\n" + twoEngines,
 		"listen: {admin: \"0.0.0.0:9090\"}\nadmin: {token_env: NARWHAL_TEST_TOKEN}\n" + twoEngines,
+		// Mutual TLS stands for the token: only clients with a certificate from the CA get in.
+		"listen: {admin: \"0.0.0.0:9090\"}\ntls: {admin: {cert_file: a.crt, key_file: a.key, client_ca_file: ca.crt}}\n" + twoEngines,
 	} {
 		if _, err := Load([]byte(src)); err != nil {
 			t.Errorf("%q: %v", src, err)

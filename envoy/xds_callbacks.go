@@ -75,7 +75,7 @@ func newCallbacks(log *slog.Logger, m *xdsMetrics, classify func(string) string)
 
 // refuse counts a refused stream, logs it the first time for this who and why, and returns the
 // error the client gets: PERMISSION_DENIED, before any resource is sent.
-func (c *callbacks) refuse(who, why string) error {
+func (c *callbacks) refuse(who, why string, attrs ...any) error {
 	c.refused.Add(1)
 	c.metrics.refused.Inc()
 	key := why + "\x00" + who
@@ -86,7 +86,7 @@ func (c *callbacks) refuse(who, why string) error {
 	}
 	c.mu.Unlock()
 	if first {
-		c.log.Warn("xds: stream refused: this client gets no resources (logged once)", "client", who, "why", why)
+		c.log.Warn("xds: stream refused: this client gets no resources (logged once)", append([]any{"client", who, "why", why}, attrs...)...)
 	}
 	return status.Errorf(codes.PermissionDenied, "narwhal: client %q %s", who, why)
 }
@@ -108,11 +108,14 @@ func (c *callbacks) checkPeer(ctx context.Context) error {
 			return nil
 		}
 	}
-	addr := ""
+	who, addr := strings.Join(ids, ","), ""
+	if who == "" {
+		who = "(no client certificate)"
+	}
 	if p != nil {
 		addr = p.Addr.String()
 	}
-	return c.refuse(addr+" "+strings.Join(ids, ","), "has no client certificate identity in xds.identities")
+	return c.refuse(who, "has no client certificate identity in xds.identities", "peer", addr)
 }
 
 // checkNode refuses a stream whose node id is not allowed, once per stream (Envoy names its node

@@ -22,7 +22,9 @@ import (
 	"go.uber.org/goleak"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/narwhal-llm/narwhal/fleet"
@@ -78,6 +80,7 @@ type sotwClient struct {
 	stream discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
 	resps  chan *discovery.DiscoveryResponse
 	done   chan struct{}
+	err    error // why the stream ended, once done is closed
 	node   *corev3.Node
 }
 
@@ -105,6 +108,7 @@ func dialSotw(t testing.TB, addr, node string) *sotwClient {
 		for {
 			r, err := c.stream.Recv()
 			if err != nil {
+				c.err = err
 				return
 			}
 			c.resps <- r
@@ -374,6 +378,7 @@ type deltaClient struct {
 	stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesClient
 	resps  chan *discovery.DeltaDiscoveryResponse
 	done   chan struct{}
+	err    error // why the stream ended, once done is closed
 	node   *corev3.Node
 }
 
@@ -392,6 +397,7 @@ func dialDelta(t testing.TB, addr, node string) *deltaClient {
 		for {
 			r, err := c.stream.Recv()
 			if err != nil {
+				c.err = err
 				return
 			}
 			c.resps <- r
@@ -835,5 +841,52 @@ func TestContextEndsStreams(t *testing.T) {
 	<-served
 	if st := s.Stats(); st.Clients != 0 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// Restrict: a node id not on the list gets PERMISSION_DENIED and no resource, on state-of-the-
+// world and delta streams alike; the refusal is counted every time and logged once per node. An
+// allowed node is served as before. With identities, a plaintext client (no certificate) is
+// refused at the stream's opening.
+func TestRestrict(t *testing.T) {
+	f := testFleet(t)
+	ts := startServer(t, f, func(s *Server) { s.Restrict([]string{"envoy-1"}, nil) })
+	refused := func(what string, done <-chan struct{}, err *error, resps int) {
+		t.Helper()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the stream was not ended", what)
+		}
+		if status.Code(*err) != codes.PermissionDenied || resps != 0 || !strings.Contains((*err).Error(), "is not in xds.nodes") {
+			t.Fatalf("%s: ended with %v after %d responses", what, *err, resps)
+		}
+	}
+	for i := range 2 {
+		c := dialSotw(t, ts.addr, "intruder")
+		c.subscribe(resource.ClusterType)
+		refused(fmt.Sprintf("sotw %d", i), c.done, &c.err, len(c.resps))
+	}
+	d := dialDelta(t, ts.addr, "intruder")
+	d.send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.ClusterType})
+	refused("delta", d.done, &d.err, len(d.resps))
+	if got := ts.Stats().Refused; got != 3 {
+		t.Fatalf("refused %d, want 3", got)
+	}
+	if n := strings.Count(ts.logs.String(), "stream refused"); n != 1 {
+		t.Fatalf("refusals logged %d times, want once:\n%s", n, ts.logs.String())
+	}
+	ok := dialSotw(t, ts.addr, "envoy-1")
+	ok.subscribe(resource.ClusterType)
+	if r := ok.next(); len(r.GetResources()) != 3 {
+		t.Fatalf("the allowed node got %d clusters", len(r.GetResources()))
+	}
+
+	ids := startServer(t, f, func(s *Server) { s.Restrict(nil, []string{"spiffe://x/envoy"}) })
+	c := dialSotw(t, ids.addr, "envoy-1")
+	c.subscribe(resource.ClusterType)
+	<-c.done
+	if status.Code(c.err) != codes.PermissionDenied || !strings.Contains(c.err.Error(), "(no client certificate)") {
+		t.Fatalf("a client without a certificate: %v", c.err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -173,7 +174,11 @@ func getState(admin string) (stateView, error) { return getStateAs[stateView](ad
 // getStateAs reads /narwhal/state into a T (a view of the fields a test reads, or a map).
 func getStateAs[T any](admin string) (T, error) {
 	var st T
-	resp, err := http.Get("http://" + admin + "/narwhal/state")
+	client, scheme := http.DefaultClient, "http://"
+	if c, ok := adminTLS.Load(admin); ok { // a narwhal serving its admin over TLS
+		client, scheme = c.(*http.Client), "https://"
+	}
+	resp, err := client.Get(scheme + admin + "/narwhal/state")
 	if err != nil {
 		return st, err
 	}
@@ -182,6 +187,16 @@ func getStateAs[T any](admin string) (T, error) {
 		return st, fmt.Errorf("state: %s", resp.Status)
 	}
 	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+// adminTLS holds the https clients of admin addresses served over TLS (useAdminTLS), by address.
+var adminTLS sync.Map
+
+// useAdminTLS makes getStateAs and waitFor reach admin over https with client until the test
+// ends.
+func useAdminTLS(t testing.TB, admin string, client *http.Client) {
+	adminTLS.Store(admin, client)
+	t.Cleanup(func() { adminTLS.Delete(admin) })
 }
 
 // waitFor polls the state until cond holds; it fails the test after limit.

@@ -480,7 +480,7 @@ func (t *listenerTLS) status() func() map[string]tlsfiles.Status {
 	}
 }
 
-// summary is the start line's tls: each listener plaintext, tls or mtls.
+// summary is the start line's tls: each listener plaintext, tls or mtls (extproc:tls,xds:tls,admin:plaintext).
 func (t *listenerTLS) summary() string {
 	var parts []string
 	for _, l := range t.all() {
@@ -491,9 +491,9 @@ func (t *listenerTLS) summary() string {
 				mode = "mtls"
 			}
 		}
-		parts = append(parts, l.name+"="+mode)
+		parts = append(parts, l.name+":"+mode)
 	}
-	return strings.Join(parts, " ")
+	return strings.Join(parts, ",")
 }
 
 // listenAll opens every listener the config names before anything runs: admin, ext_proc, xDS.

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -17,7 +18,13 @@ import (
 // receives (cluster name -> endpoint id -> health status name) on the returned channel.
 func adsWatch(t *testing.T, addr string) <-chan map[string]map[string]string {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return adsWatchAs(t, addr, "", grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+// adsWatchAs is adsWatch as node (its id on the first request), over opts' transport.
+func adsWatchAs(t *testing.T, addr, node string, opts ...grpc.DialOption) <-chan map[string]map[string]string {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +35,10 @@ func adsWatch(t *testing.T, addr string) <-chan map[string]map[string]string {
 		t.Fatal(err)
 	}
 	names := []string{"narwhal-prefill", "narwhal-decode", "narwhal-engines"}
-	req := &discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: names, Node: nil}
+	req := &discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: names}
+	if node != "" {
+		req.Node = &corev3.Node{Id: node}
+	}
 	if err := stream.Send(req); err != nil {
 		t.Fatal(err)
 	}

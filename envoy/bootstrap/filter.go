@@ -18,7 +18,9 @@ import (
 // what `narwhal load` plays (docs/load.md), so that it sends Narwhal what the Envoy of `narwhal
 // envoy-config` would.
 func ExtProcFilter(cfg *config.Config, o Options) (*extprocv3.ExternalProcessor, int, error) {
-	data, err := Generate(cfg, o)
+	plain := *cfg // the transport to Narwhal shapes the clusters, not the filter
+	plain.TLS, o.TLS = config.TLS{}, ClientTLS{}
+	data, err := Generate(&plain, o)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -571,3 +571,65 @@ func TestReplicasNeedAHealthCheck(t *testing.T) {
 		t.Fatalf("a replica on the wrong port:%s", dump(ps))
 	}
 }
+
+// TLS: the bootstrap written for a config with mutual TLS on ext_proc and TLS on xDS validates
+// clean; validate --envoy names both sides when only one speaks TLS, and catches a TLS cluster
+// that does not check Narwhal's certificate, does not offer h2, or has no client certificate
+// where Narwhal requires one. Generate refuses a TLS config without the files Envoy needs.
+func TestTLS(t *testing.T) {
+	cfg := defaultConfig(t)
+	cfg.Listen.ExtProc, cfg.Listen.XDS = "0.0.0.0:9002", "0.0.0.0:18000"
+	cfg.TLS.ExtProc = config.ListenerTLS{CertFile: "n.crt", KeyFile: "n.key", ClientCAFile: "ca.crt"}
+	cfg.TLS.XDS = config.ListenerTLS{CertFile: "n.crt", KeyFile: "n.key"}
+	files := bootstrap.ClientTLS{CAFile: "/tls/ca.crt", CertFile: "/tls/envoy.crt", KeyFile: "/tls/envoy.key"}
+	doc := generate(t, cfg, bootstrap.Options{TLS: files, NarwhalHosts: []string{"narwhal"}})
+	if ps := bootstrap.Validate([]byte(doc), cfg); len(ps) != 0 {
+		t.Fatalf("generated with TLS:%s", dump(ps))
+	}
+	for _, s := range []string{`matcher: {exact: "narwhal"}`, "san_type: DNS", `private_key: {filename: "/tls/envoy.key"}`} {
+		if !strings.Contains(doc, s) {
+			t.Errorf("the bootstrap lacks %s", s)
+		}
+	}
+	// xDS is TLS without client certificates: Envoy presents none there.
+	xds := doc[strings.Index(doc, "- name: narwhal-xds"):]
+	if strings.Contains(xds[:strings.Index(xds, "load_assignment")], "tls_certificates") {
+		t.Error("a client certificate on the xDS cluster, whose listener asks for none")
+	}
+
+	const socket = extProcCl + ".transport_socket"
+	const ctx = socket + ".typed_config.common_tls_context"
+	for _, tc := range []struct {
+		name string
+		doc  string
+		want want
+	}{
+		{"plaintext Envoy, TLS Narwhal", generate(t, defaultConfig(t), bootstrap.Options{}),
+			want{socket, `cluster "narwhal-extproc" speaks plaintext but Narwhal serves TLS on listen.extproc (tls.extproc.cert_file)`}},
+		{"no h2", edit(t, doc, "alpn_protocols: [h2]", "alpn_protocols: [http/1.1]"), want{ctx + ".alpn_protocols", "must offer h2"}},
+		{"no CA", cut(t, doc, "          validation_context:\n", "    circuit_breakers:"), want{ctx + ".validation_context", "Envoy would accept any certificate"}},
+		{"no client certificate", cut(t, doc, "          tls_certificates:\n", "          validation_context:"), want{ctx + ".tls_certificates", "requires a client certificate on listen.extproc (tls.extproc.client_ca_file)"}},
+	} {
+		if ps := bootstrap.Validate([]byte(tc.doc), cfg); !hasProblem(ps, tc.want) {
+			t.Errorf("%s:%s", tc.name, dump(ps))
+		}
+	}
+	if ps := bootstrap.Validate([]byte(doc), defaultConfig(t)); !hasProblem(ps, want{socket, `speaks TLS but Narwhal's listen.extproc is plaintext (no tls.extproc.cert_file)`}) ||
+		!hasProblem(ps, want{xdsCl + ".transport_socket", "listen.xds is plaintext"}) {
+		t.Errorf("TLS Envoy, plaintext Narwhal:%s", dump(ps))
+	}
+
+	for _, tc := range []struct {
+		o    bootstrap.ClientTLS
+		cfg  *config.Config
+		want string
+	}{
+		{bootstrap.ClientTLS{}, cfg, "listen.extproc serves TLS (tls.extproc.cert_file): give the CA file"},
+		{bootstrap.ClientTLS{CAFile: "ca"}, cfg, "listen.extproc requires client certificates (tls.extproc.client_ca_file): give Envoy's certificate and key (--tls-cert, --tls-key)"},
+		{files, defaultConfig(t), "neither listen.extproc nor listen.xds serves TLS"},
+	} {
+		if _, err := bootstrap.Generate(tc.cfg, bootstrap.Options{TLS: tc.o}); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.o, err, tc.want)
+		}
+	}
+}
