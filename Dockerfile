@@ -6,9 +6,13 @@ RUN go mod download
 COPY . .
 ARG VERSION=dev
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/narwhal ./cmd/narwhal
+# An empty directory owned by the non-root user, where a volume of certificates mounts
+# (`narwhal certs --dir /etc/narwhal/tls` in the compose examples): a new volume takes its owner.
+RUN mkdir -p /out/tls
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/narwhal /narwhal
+COPY --from=build --chown=65532:65532 /out/tls /etc/narwhal/tls
 USER 65532:65532
 # The durable state (state.dir "" = ./narwhal-state) goes under the non-root user's home.
 WORKDIR /home/nonroot

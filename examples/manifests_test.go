@@ -88,6 +88,11 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 			if !cfg.Discovery.Kubernetes.Enabled() || !cfg.HA.Enabled() {
 				t.Errorf("%s: the config takes its engines from Kubernetes and elects on a Lease: %+v %+v", m.file, cfg.Discovery.Kubernetes, cfg.HA)
 			}
+			// TLS on ext_proc and admin, from a Secret mounted where the config reads it.
+			if !cfg.TLS.ExtProc.Enabled() || !cfg.TLS.Admin.Enabled() || !strings.HasPrefix(cfg.TLS.ExtProc.CertFile, "/etc/narwhal/tls/") ||
+				!bytes.Contains(mustRead(t, m.file), []byte("{name: tls, mountPath: /etc/narwhal/tls, readOnly: true}")) {
+				t.Errorf("%s: the config serves ext_proc or admin without TLS from the Secret at /etc/narwhal/tls: %+v", m.file, cfg.TLS)
+			}
 			configs[m.file] = cfg
 		}
 		var _ runtime.Object = obj
@@ -100,7 +105,11 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 			t.Errorf("%s: an Envoy bootstrap without a Narwhal config", file)
 			continue
 		}
-		want, err := bootstrap.Generate(cfg, bootstrap.Options{NarwhalHosts: []string{"narwhal." + cfg.HA.Kubernetes.Namespace + ".svc.cluster.local"}})
+		o := bootstrap.Options{NarwhalHosts: []string{"narwhal." + cfg.HA.Kubernetes.Namespace + ".svc.cluster.local"}}
+		if cfg.TLS.ExtProc.Enabled() || cfg.TLS.XDS.Enabled() { // the Secret envoy-tls, mounted at /etc/envoy/tls
+			o.TLS = bootstrap.ClientTLS{CAFile: "/etc/envoy/tls/ca.crt", CertFile: "/etc/envoy/tls/tls.crt", KeyFile: "/etc/envoy/tls/tls.key"}
+		}
+		want, err := bootstrap.Generate(cfg, o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -127,4 +136,13 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 	if _, _, err := strict.Decode([]byte("apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {selectr: {a: b}}\n"), nil, nil); err == nil || !strings.Contains(err.Error(), "selectr") {
 		t.Fatalf("strict decoding let an unknown field through: %v", err)
 	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -87,6 +87,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		newLoad(stdout, stderr),
 		newProfile(stdout, stderr),
 		newPreflight(stdout),
+		newCerts(stdout),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",

@@ -60,11 +60,15 @@ func loadExample(t testing.TB, name string) *config.Config {
 }
 
 // haComposeOptions are the options of examples/envoy/envoy-ha-compose.yaml: two replicas.
-var haComposeOptions = bootstrap.Options{NarwhalHosts: []string{"narwhal-a", "narwhal-b"}, Admin: "0.0.0.0:9901"}
+var haComposeOptions = bootstrap.Options{NarwhalHosts: []string{"narwhal-a", "narwhal-b"}, Admin: "0.0.0.0:9901", TLS: composeTLS}
+
+// composeTLS are Envoy's certificate files in the compose examples: the narwhal-tls volume
+// `narwhal certs` writes, mounted at /etc/envoy/tls.
+var composeTLS = bootstrap.ClientTLS{CAFile: "/etc/envoy/tls/ca.crt", CertFile: "/etc/envoy/tls/envoy.crt", KeyFile: "/etc/envoy/tls/envoy.key"}
 
 // composeOptions are the options of examples/envoy/envoy-compose.yaml: Narwhal is the compose
 // service "narwhal", and Envoy's admin is published on the host.
-var composeOptions = bootstrap.Options{NarwhalHosts: []string{"narwhal"}, Admin: "0.0.0.0:9901"}
+var composeOptions = bootstrap.Options{NarwhalHosts: []string{"narwhal"}, Admin: "0.0.0.0:9901", TLS: composeTLS}
 
 // generated lists every generated example: its file, the Narwhal config it is for, and the
 // options it was generated with.
@@ -191,7 +195,43 @@ type composeFile struct {
 		Command []string          `yaml:"command"`
 		Volumes []string          `yaml:"volumes"`
 		Ports   []string          `yaml:"ports"`
+		// Environment is written as a mapping in the examples.
+		Environment map[string]string `yaml:"environment"`
 	} `yaml:"services"`
+}
+
+// checkComposeTLS checks the TLS wiring of a compose example whose Narwhal config is cfg: a
+// certs service writes `narwhal certs` into the narwhal-tls volume, for every host Envoy dials;
+// each Narwhal service mounts it where tls.* reads; Envoy mounts it where the bootstrap's files
+// are, and runs as the keys' owner.
+func checkComposeTLS(t *testing.T, name string, cf composeFile, cfg *config.Config, o bootstrap.Options) {
+	t.Helper()
+	dir := filepath.Dir(cfg.TLS.ExtProc.CertFile)
+	if !cfg.TLS.ExtProc.Mutual() || !cfg.TLS.XDS.Mutual() || !cfg.TLS.Admin.Enabled() {
+		t.Errorf("%s: the config does not serve (mutual) TLS on every listener: %+v", name, cfg.TLS)
+	}
+	for _, f := range []string{cfg.TLS.ExtProc.KeyFile, cfg.TLS.ExtProc.ClientCAFile, cfg.TLS.XDS.CertFile, cfg.TLS.Admin.CertFile} {
+		if filepath.Dir(f) != dir {
+			t.Errorf("%s: %s is not in %s, where the certs volume mounts", name, f, dir)
+		}
+	}
+	certs := strings.Join(cf.Services["certs"].Command, " ")
+	if !strings.HasPrefix(certs, "certs --dir "+dir+" --hosts ") {
+		t.Errorf("%s: services.certs.command is %q, want certs --dir %s --hosts ...", name, certs, dir)
+	}
+	hosts := strings.Split(certs[strings.LastIndex(certs, " ")+1:], ",")
+	for _, h := range o.NarwhalHosts {
+		if !slices.Contains(hosts, h) {
+			t.Errorf("%s: the certificate is for %v, not for %s, the host Envoy dials", name, hosts, h)
+		}
+		if !slices.Contains(cf.Services[h].Volumes, "narwhal-tls:"+dir+":ro") {
+			t.Errorf("%s: services.%s does not mount narwhal-tls at %s", name, h, dir)
+		}
+	}
+	ev := cf.Services["envoy"]
+	if !slices.Contains(ev.Volumes, "narwhal-tls:"+filepath.Dir(o.TLS.CAFile)+":ro") || ev.Environment["ENVOY_UID"] != "65532" {
+		t.Errorf("%s: envoy does not mount narwhal-tls at %s as the keys' owner (volumes %v, env %v)", name, filepath.Dir(o.TLS.CAFile), ev.Volumes, ev.Environment)
+	}
 }
 
 // checkCompose checks that examples/docker-compose.yaml parses and names services, files and
@@ -329,6 +369,7 @@ func checkCompose(t *testing.T, data []byte) {
 			t.Errorf("prometheus.yml scrapes %v, not %s", targets, w)
 		}
 	}
+	checkComposeTLS(t, "docker-compose.yaml", cf, cfg, composeOptions)
 	mount("grafana", "/etc/grafana/provisioning")
 	if got := mount("grafana", "/var/lib/grafana/dashboards/narwhal.json"); got != "grafana/narwhal.json" {
 		t.Errorf("docker-compose.yaml: grafana's dashboard is %q", got)
@@ -481,6 +522,7 @@ func checkHACompose(t *testing.T, data []byte) {
 		mounts(host, "./narwhal-ha-compose.yaml", "/etc/narwhal/config.yaml")
 	}
 	mounts("envoy", "./envoy/envoy-ha-compose.yaml", "/etc/envoy/envoy.yaml")
+	checkComposeTLS(t, "docker-compose-ha.yaml", cf, cfg, haComposeOptions)
 	for _, e := range cfg.Engines {
 		host := e.Address[:strings.LastIndexByte(e.Address, ':')]
 		if _, ok := cf.Services[host]; !ok {

@@ -4,14 +4,17 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"google.golang.org/grpc"
+
 	"github.com/narwhal-llm/narwhal/gateway"
 )
 
 // NewTestClient dials addr and returns a client for mode; the connection is
-// closed when the test ends.
-func NewTestClient(tb testing.TB, addr string, mode gateway.Mode) *gateway.Client {
+// closed when the test ends. opts are added to gateway.Dial's: TLS credentials
+// for a Narwhal serving tls.extproc, say.
+func NewTestClient(tb testing.TB, addr string, mode gateway.Mode, opts ...grpc.DialOption) *gateway.Client {
 	tb.Helper()
-	conn, err := gateway.Dial(addr)
+	conn, err := gateway.Dial(addr, opts...)
 	if err != nil {
 		tb.Fatalf("envoytest: dial %s: %v", addr, err)
 	}
