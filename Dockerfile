@@ -14,7 +14,7 @@ FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/narwhal /narwhal
 COPY --from=build --chown=65532:65532 /out/tls /etc/narwhal/tls
 USER 65532:65532
-# The durable state (state.dir "" = ./narwhal-state) goes under the non-root user's home.
+# The durable state (state.dir "" = ~/.local/state/narwhal) goes under the non-root user's home.
 WORKDIR /home/nonroot
 EXPOSE 9002 18000 9090
 ENTRYPOINT ["/narwhal"]

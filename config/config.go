@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 )
@@ -119,7 +120,7 @@ func (c *Config) DiscoveredProfile(name string) string {
 
 // State configures the durable state of a single instance (docs/durable-state.md).
 type State struct {
-	// Dir holds the state file; "" is ./narwhal-state (relative to the working directory).
+	// Dir holds the state file; "" is DefaultStateDir.
 	Dir string `yaml:"dir" json:"dir"`
 }
 
@@ -157,13 +158,33 @@ type HAKubernetes struct {
 	Kubeconfig string `yaml:"kubeconfig" json:"kubeconfig"` // "": in-cluster
 }
 
-// StateDir is the directory of the state file.
+// StateDir is the directory of the state file: Dir, or DefaultStateDir when it is "".
 func (s State) StateDir() string {
 	if s.Dir == "" {
-		return "narwhal-state"
+		return DefaultStateDir()
 	}
 	return s.Dir
 }
+
+// DefaultStateDir is state.dir when the config leaves it empty: narwhal under the user's state
+// home ($XDG_STATE_HOME, else ~/.local/state), an absolute path whatever the working directory;
+// ./narwhal-state made absolute when there is no home directory.
+func DefaultStateDir() string {
+	if x := os.Getenv("XDG_STATE_HOME"); filepath.IsAbs(x) {
+		return filepath.Join(x, "narwhal")
+	}
+	if home, err := os.UserHomeDir(); err == nil && filepath.IsAbs(home) {
+		return filepath.Join(home, ".local", "state", "narwhal")
+	}
+	if abs, err := filepath.Abs(LegacyStateDir); err == nil {
+		return abs
+	}
+	return LegacyStateDir
+}
+
+// LegacyStateDir is where state.dir "" kept the state before DefaultStateDir (relative to the
+// working directory): serve points at a state file left there.
+const LegacyStateDir = "narwhal-state"
 
 // Listen holds the addresses Narwhal's servers bind to.
 type Listen struct {

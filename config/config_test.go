@@ -856,3 +856,20 @@ func TestAdminAccess(t *testing.T) {
 		}
 	}
 }
+
+// state.dir "" is narwhal under the user's state home: $XDG_STATE_HOME when it is absolute,
+// else ~/.local/state.
+func TestDefaultStateDir(t *testing.T) {
+	t.Setenv("XDG_STATE_HOME", "/var/lib/x")
+	if got := (State{}).StateDir(); got != "/var/lib/x/narwhal" {
+		t.Errorf("with XDG_STATE_HOME: %q", got)
+	}
+	t.Setenv("XDG_STATE_HOME", "relative")
+	t.Setenv("HOME", "/home/op")
+	if got := (State{}).StateDir(); got != "/home/op/.local/state/narwhal" {
+		t.Errorf("with HOME: %q", got)
+	}
+	if got := (State{Dir: "here"}).StateDir(); got != "here" {
+		t.Errorf("state.dir set: %q", got)
+	}
+}

@@ -45,7 +45,7 @@ func Default() *Config {
 		},
 		Health: Health{Path: "/health", IntervalS: 1, TimeoutS: 0.5, UnhealthyAfter: 3, HealthyAfter: 3, RecoverS: 10,
 			Passive: Passive{ConsecutiveFailures: 3}},
-		XDS:            XDS{ClusterPrefix: "narwhal"},
+		XDS:            XDS{ClusterPrefix: "narwhal", Nodes: []string{}, Identities: []string{}},
 		HA:             HA{Etcd: Etcd{Endpoints: []string{}, Prefix: "/narwhal"}, Kubernetes: HAKubernetes{Name: "narwhal"}, LeaseTTLS: 5},
 		ShutdownGraceS: 30,
 		Sim:            Sim{NoiseSigma: 0.05, Truth: Truth{PrefillScale: 1, DecodeScale: 1}},

@@ -315,7 +315,7 @@ func TestSotW(t *testing.T) {
 		t.Fatalf("narwhal_xds_version %v, fleet %d", v, f.Version())
 	}
 	if got := metricSeries(t, ts.reg); got != "narwhal_xds_clients 1, narwhal_xds_nacks_total{type=cds} 0, narwhal_xds_nacks_total{type=eds} 0, "+
-		"narwhal_xds_pushes_total{type=cds} 1, narwhal_xds_pushes_total{type=eds} 5, narwhal_xds_version 5" {
+		"narwhal_xds_pushes_total{type=cds} 1, narwhal_xds_pushes_total{type=eds} 5, narwhal_xds_refused_total 0, narwhal_xds_version 5" {
 		t.Fatalf("metrics: %s", got)
 	}
 	// A fleet change that changes no assignment (an undrain: e3 stays draining) publishes nothing.

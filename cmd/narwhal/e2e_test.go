@@ -457,7 +457,9 @@ func TestRunScript(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(script, narwhalBin)
-	cmd.Dir = t.TempDir() // the embedded default keeps its state in ./narwhal-state
+	cmd.Dir = t.TempDir()
+	// The embedded default keeps its state under the user's state home: the test's own.
+	cmd.Env = append(os.Environ(), "XDG_STATE_HOME="+t.TempDir())
 	out := &logbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -587,7 +589,8 @@ func TestEnvoyCommands(t *testing.T) {
 	}{
 		{"envoy.yaml", nil},
 		{"envoy-full-duplex.yaml", []string{"--body-mode", "FULL_DUPLEX_STREAMED"}},
-		{"envoy-compose.yaml", []string{"--config", "../../examples/narwhal-compose.yaml", "--narwhal-host", "narwhal", "--admin", "0.0.0.0:9901"}},
+		{"envoy-compose.yaml", []string{"--config", "../../examples/narwhal-compose.yaml", "--narwhal-host", "narwhal", "--admin", "0.0.0.0:9901",
+			"--tls-ca", "/etc/envoy/tls/ca.crt", "--tls-cert", "/etc/envoy/tls/envoy.crt", "--tls-key", "/etc/envoy/tls/envoy.key"}},
 	} {
 		out, code := runBin(t, append([]string{"envoy-config"}, c.args...)...)
 		want, err := os.ReadFile("../../examples/envoy/" + c.file)

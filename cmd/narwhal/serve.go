@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -105,8 +106,13 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		}
 		defer rep.resign()
 	}
+	defaultDir := cfg.State.Dir == ""
 	if rep == nil { // one process per state directory (replicas keep theirs in the shared store)
-		lock, err := state.Acquire(cfg.State.StateDir())
+		if cfg.State.Dir, err = filepath.Abs(cfg.State.StateDir()); err != nil {
+			closeAll(lns)
+			return failureErr(fmt.Errorf("state.dir: %w", err))
+		}
+		lock, err := state.Acquire(cfg.State.Dir)
 		if err != nil {
 			closeAll(lns)
 			return failureErr(err)
@@ -117,6 +123,16 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	if err != nil {
 		closeAll(lns)
 		return failureErr(err)
+	}
+	if rep == nil && defaultDir && back.controller == nil && !resetState {
+		// The default moved from ./narwhal-state to the user's state home: say where the old
+		// state is rather than start over silently.
+		if old, err := filepath.Abs(filepath.Join(config.LegacyStateDir, state.FileName)); err == nil && old != filepath.Join(cfg.State.Dir, state.FileName) {
+			if _, err := os.Stat(old); err == nil {
+				log.Warn("a durable state is in ./narwhal-state, where state.dir \"\" kept it before; this run keeps its state in "+cfg.State.Dir+": set state.dir to "+filepath.Dir(old)+" to continue from it",
+					"old", old, "state_dir", cfg.State.Dir)
+			}
+		}
 	}
 	sizer, err := extproc.NewSizer(cfg.Router.Sizing)
 	if err != nil {
@@ -330,7 +346,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	log.Info("narwhal serving", "version", version, "admin", adminLn.Addr().String(),
 		"extproc", extprocLn.Addr().String(), "xds", xdsLn.Addr().String(), "engines", len(snap.Engines), "prefill", p, "decode", d,
 		"discovery_file", cfg.Discovery.File.Path, "discovery_kubernetes", cfg.Discovery.Kubernetes.Namespace,
-		"tls", tlsSrv.summary())
+		"tls", tlsSrv.summary(), "state_dir", stateDirOf(cfg, rep))
 
 	var runErr error
 	select {
@@ -408,6 +424,15 @@ func resolveAll(ctx context.Context, f *fleet.Fleet, h config.Health, log *slog.
 		}
 		_, _ = f.SetAddr(e.ID, ap, time.Now())
 	}
+}
+
+// stateDirOf is the start line's state_dir: the absolute directory of a single instance's state,
+// or where replicas share theirs.
+func stateDirOf(cfg *config.Config, rep *replica) string {
+	if rep != nil {
+		return rep.where
+	}
+	return cfg.State.Dir
 }
 
 // listenerTLS is the TLS of each listener that serves it (docs/security.md); nil for plaintext.

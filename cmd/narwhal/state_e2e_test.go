@@ -4,11 +4,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/narwhal-llm/narwhal/internal/logbuf"
 )
 
 func engineOf(st stateView, id string) engineView {
@@ -128,5 +131,57 @@ func TestServeOneProcessPerState(t *testing.T) {
 	again.serving(t)
 	if c, _ := again.stop(t); c != 0 {
 		t.Fatalf("the directory was not free after the first stopped: exit %d", c)
+	}
+}
+
+// With state.dir left empty the state goes under the user's state home ($XDG_STATE_HOME/narwhal
+// here), an absolute path the start line prints, whatever the working directory; a state file
+// where the old default kept it (./narwhal-state) is pointed at, not restored silently.
+func TestServeDefaultStateDir(t *testing.T) {
+	home := t.TempDir()
+	work := t.TempDir()
+	legacy := filepath.Join(work, "narwhal-state")
+	if err := os.MkdirAll(legacy, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(legacy, "narwhal-state.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(work, "narwhal.yaml")
+	yaml := fmt.Sprintf("listen: {admin: %q, extproc: %q, xds: %q}\n", anyPort, anyPort, anyPort) +
+		"engines:\n  - {id: a, address: \"127.0.0.1:1\", role: prefill}\n  - {id: b, address: \"127.0.0.1:2\", role: decode}\n"
+	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(narwhalBin, "serve", "--config", cfg)
+	cmd.Dir = work
+	cmd.Env = append(os.Environ(), "XDG_STATE_HOME="+home)
+	out := &logbuf.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, out: out}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("serve output:\n%s", out.String())
+		}
+	})
+	want := filepath.Join(home, "narwhal")
+	if got := logged(t, out, "narwhal serving", "state_dir")[0]; got != want {
+		t.Fatalf("state_dir %q, want %q", got, want)
+	}
+	if !strings.Contains(out.String(), "a durable state is in ./narwhal-state") || !strings.Contains(out.String(), "old="+filepath.Join(legacy, "narwhal-state.json")) {
+		t.Fatalf("no word of the state in ./narwhal-state:\n%s", out.String())
+	}
+	if code, _ := p.stop(t); code != 0 {
+		t.Fatalf("serve exited %d", code)
+	}
+	if _, err := os.Stat(filepath.Join(want, "narwhal-state.json")); err != nil {
+		t.Fatalf("no state written under the state home: %v", err)
 	}
 }
