@@ -609,7 +609,8 @@ func TestEnvoyCommands(t *testing.T) {
 		}
 	}
 	// Two replicas (issue 11): both in both clusters, and the result validates.
-	out, code := runBin(t, "envoy-config", "--config", "../../examples/narwhal-compose.yaml", "--narwhal-hosts", "narwhal-a,narwhal-b")
+	out, code := runBin(t, "envoy-config", "--config", "../../examples/narwhal-compose.yaml", "--narwhal-hosts", "narwhal-a,narwhal-b",
+		"--tls-ca", "/tls/ca.crt", "--tls-cert", "/tls/envoy.crt", "--tls-key", "/tls/envoy.key")
 	if code != 0 || strings.Count(out, `{address: "narwhal-a"`) != 2 || strings.Count(out, `{address: "narwhal-b"`) != 2 {
 		t.Fatalf("envoy-config --narwhal-hosts: exit %d\n%s", code, out)
 	}

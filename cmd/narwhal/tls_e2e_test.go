@@ -237,10 +237,22 @@ func TestServeTLSEndToEnd(t *testing.T) {
 			}
 		}
 		complete("before the rotation")
+		// An ADS stream open across the rotation keeps receiving pushes.
+		eds := adsWatchAs(t, xdsAddr, "narwhal-envoy", grpc.WithTransportCredentials(credentials.NewTLS(p.client(t, p.envoyCert, p.envoyKey))))
+		awaitEDS(t, eds, "assignments before the rotation", func(g map[string]map[string]string) bool { return len(g["narwhal-engines"]) == 2 })
 		if _, _, err := p.authority.WriteLeaf(p.dir, "narwhal", tlsfiles.Leaf{Name: "narwhal-rotated", Hosts: []string{"127.0.0.1"}, Server: true}); err != nil {
 			t.Fatal(err)
 		}
 		complete("on the connection opened before the rotation")
+		adminClient := &http.Client{Transport: &http.Transport{TLSClientConfig: envoyTLS}}
+		resp, err := adminClient.Post("https://"+admin+"/narwhal/engines/e2/drain", "application/json", nil)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("drain over https: %v %v", resp, err)
+		}
+		resp.Body.Close()
+		awaitEDS(t, eds, "the drain pushed on the stream opened before the rotation", func(g map[string]map[string]string) bool {
+			return g["narwhal-engines"]["e2"] == "DRAINING"
+		})
 		if s := handshakes(); len(s) != 1 || s[0] != "narwhal" {
 			t.Fatalf("handshakes %v", s)
 		}
