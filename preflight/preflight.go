@@ -17,6 +17,7 @@ import (
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/envoy/bootstrap"
 	"github.com/narwhal-llm/narwhal/profiler"
+	"github.com/narwhal-llm/narwhal/tlsfiles"
 	"github.com/narwhal-llm/narwhal/wire"
 )
 
@@ -25,8 +26,8 @@ const Tolerance = 0.25
 
 // Check is one row of the report.
 type Check struct {
-	Check  string `json:"check"`  // reachable, health, model, completion, prefill_speed, decode_speed, handoff, envoy
-	Engine string `json:"engine"` // the engine's id, "P→D" for a pair, "" for the Envoy bootstrap
+	Check  string `json:"check"`  // reachable, health, model, completion, prefill_speed, decode_speed, handoff, tls, envoy
+	Engine string `json:"engine"` // the engine's id, "P→D" for a pair, the listener for tls, "" for the Envoy bootstrap
 	OK     bool   `json:"ok"`
 	Detail string `json:"detail"`
 	// Ratio is measured/profile for the speed checks.
@@ -63,6 +64,7 @@ func Run(ctx context.Context, o Options) []Check {
 		}
 	}
 	pairChecks(ctx, o, up, add)
+	tlsChecks(cfg, time.Now(), add)
 	if o.Envoy != nil {
 		ps := bootstrap.Validate(o.Envoy, cfg)
 		if len(ps) == 0 {
@@ -244,5 +246,41 @@ func pairChecks(ctx context.Context, o Options, up map[string]bool, add func(Che
 			continue
 		}
 		add(Check{Check: "handoff", Engine: id, OK: true, Detail: fmt.Sprintf("%s answered with %s: %s (%d tokens)", to.ID, header, named.Address, len(tr.Tokens))})
+	}
+}
+
+// MinCertLife is how long a listener's certificate must still be valid for its tls check to
+// pass: renew it before.
+const MinCertLife = 7 * 24 * time.Hour
+
+// tlsChecks loads every listener's certificate files as serve would (tls.*) and checks that the
+// certificate is valid now and for MinCertLife more.
+func tlsChecks(cfg *config.Config, now time.Time, add func(Check)) {
+	for _, l := range []struct {
+		name string
+		t    config.ListenerTLS
+	}{{"extproc", cfg.TLS.ExtProc}, {"xds", cfg.TLS.XDS}, {"admin", cfg.TLS.Admin}} {
+		if !l.t.Enabled() {
+			continue
+		}
+		s, err := tlsfiles.NewServer("tls."+l.name, tlsfiles.Files{CertFile: l.t.CertFile, KeyFile: l.t.KeyFile, ClientCAFile: l.t.ClientCAFile}, nil)
+		if err != nil {
+			add(Check{Check: "tls", Engine: l.name, Detail: err.Error()})
+			continue
+		}
+		st := s.Status()
+		left := st.NotAfter.Sub(now)
+		mutual := ""
+		if st.Mutual {
+			mutual = ", clients need a certificate from " + l.t.ClientCAFile
+		}
+		switch {
+		case left <= 0:
+			add(Check{Check: "tls", Engine: l.name, Detail: fmt.Sprintf("%s (%s) expired %s ago", l.t.CertFile, st.Subject, (-left).Round(time.Minute))})
+		case left < MinCertLife:
+			add(Check{Check: "tls", Engine: l.name, Detail: fmt.Sprintf("%s (%s) expires in %s: renew it", l.t.CertFile, st.Subject, left.Round(time.Minute))})
+		default:
+			add(Check{Check: "tls", Engine: l.name, OK: true, Detail: fmt.Sprintf("%s (%s) valid %d more days%s", l.t.CertFile, st.Subject, int(left.Hours()/24), mutual)})
+		}
 	}
 }

@@ -23,11 +23,12 @@ func newPreflight(stdout io.Writer) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "preflight [--config FILE] [--envoy FILE] [--json]",
-		Short: "Check a fleet before it serves: every engine reachable, healthy, serving, as fast as its profile; every P/D pair; the Envoy bootstrap's fit",
+		Short: "Check a fleet before it serves: every engine reachable, healthy, serving, as fast as its profile; every P/D pair; each listener's certificate; the Envoy bootstrap's fit",
 		Long: "Checks every engine of the config (the embedded default without --config): reachable, its health\n" +
 			"path, the model it serves (the same as the other engines of its profile), a one-token completion,\n" +
 			"its prefill and decode speed against its profile (a failure beyond ±25%); then a disaggregated\n" +
-			"request through every prefill/decode pair placement can make; and with --envoy, the bootstrap's\n" +
+			"request through every prefill/decode pair placement can make; each TLS listener's certificate\n" +
+			"(loads, valid for 7 days more); and with --envoy, the bootstrap's\n" +
 			"fit (as validate --envoy). A table, one row a check (--json: the rows as JSON); exit 0 when\n" +
 			"every check passes, 1 otherwise. docs/preflight.md.",
 		Args: cobra.NoArgs,
