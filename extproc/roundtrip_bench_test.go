@@ -35,6 +35,15 @@ func chatBody(size int) []byte {
 	return []byte(head + words[:size-len(head)-len(tail)] + tail)
 }
 
+// chatExchange is the request of the round-trip benchmarks: a 2 KiB chat body and its headers.
+func chatExchange() (gateway.Headers, []byte) {
+	body := chatBody(2048)
+	h := http.Header{}
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	return gateway.NewRequestHeaders(http.MethodPost, "/v1/chat/completions", "gateway.test", h), body
+}
+
 // startNarwhal serves Narwhal's ext_proc server over a router of 4 idle engines (addresses
 // only: placement needs no engine) with room for any concurrency.
 func startNarwhal(b *testing.B, opts ...grpc.ServerOption) string {
@@ -68,11 +77,7 @@ func startNarwhal(b *testing.B, opts ...grpc.ServerOption) string {
 // that answers every message with an empty reply, in the same run, at concurrency 1 and 64
 // over one shared HTTP/2 connection. p50/p99 are per exchange.
 func BenchmarkRoundTrip(b *testing.B) {
-	body := chatBody(2048)
-	h := http.Header{}
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	hdrs := gateway.NewRequestHeaders(http.MethodPost, "/v1/chat/completions", "gateway.test", h)
+	hdrs, body := chatExchange()
 	modes := []struct {
 		name string
 		mode gateway.Mode
@@ -154,11 +159,7 @@ func measure(b *testing.B, conc int, trip func() time.Duration) {
 // at concurrency 1 and 64 over one shared connection: the cost TLS adds to a placement once the
 // connection is up (Envoy keeps it for the life of the process, so the handshake is not in it).
 func BenchmarkRoundTripTLS(b *testing.B) {
-	body := chatBody(2048)
-	h := http.Header{}
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	hdrs := gateway.NewRequestHeaders(http.MethodPost, "/v1/chat/completions", "gateway.test", h)
+	hdrs, body := chatExchange()
 	mode := gateway.Mode{RequestBody: gateway.Buffered, ResponseBody: gateway.Streamed, MessageTimeout: 10 * time.Second, ReceivingNamespaces: []string{"envoy.lb"}}
 	serverTLS, clientTLS := benchPKI(b)
 	placed := func(b *testing.B, r *gateway.RequestResult) {

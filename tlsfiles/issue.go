@@ -28,6 +28,7 @@ type CA struct {
 // Leaf describes a certificate to issue.
 type Leaf struct {
 	Name      string   // subject common name
+	Groups    []string // subject organizations (Kubernetes reads a client certificate's as its groups)
 	Hosts     []string // DNS names or IP addresses (subject alternative names)
 	URIs      []string // URI SANs, such as spiffe://cluster.local/ns/llm/sa/envoy
 	Server    bool     // usable by a TLS server
@@ -86,7 +87,7 @@ func (ca *CA) Issue(l Leaf) (certPEM, keyPEM []byte, err error) {
 		na = nb.Add(365 * 24 * time.Hour)
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: serial(), Subject: pkix.Name{CommonName: l.Name},
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: l.Name, Organization: l.Groups},
 		NotBefore: nb, NotAfter: na, KeyUsage: x509.KeyUsageDigitalSignature,
 	}
 	if l.Server {

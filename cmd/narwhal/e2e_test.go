@@ -68,7 +68,16 @@ type proc struct {
 
 func start(t testing.TB, args ...string) *proc {
 	t.Helper()
+	return startWith(t, nil, args...)
+}
+
+// startWith is start with setup applied to the command first (its directory, its environment).
+func startWith(t testing.TB, setup func(*exec.Cmd), args ...string) *proc {
+	t.Helper()
 	cmd := exec.Command(narwhalBin, args...)
+	if setup != nil {
+		setup(cmd)
+	}
 	out := &logbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/narwhal-llm/narwhal/internal/logbuf"
 )
 
 func engineOf(st stateView, id string) engineView {
@@ -153,24 +151,11 @@ func TestServeDefaultStateDir(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(narwhalBin, "serve", "--config", cfg)
-	cmd.Dir = work
-	cmd.Env = append(os.Environ(), "XDG_STATE_HOME="+home)
-	out := &logbuf.Buffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{cmd: cmd, out: out}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-		if t.Failed() {
-			t.Logf("serve output:\n%s", out.String())
-		}
-	})
+	p := startWith(t, func(cmd *exec.Cmd) {
+		cmd.Dir = work
+		cmd.Env = append(os.Environ(), "XDG_STATE_HOME="+home)
+	}, "serve", "--config", cfg)
+	out := p.out
 	want := filepath.Join(home, "narwhal")
 	if got := logged(t, out, "narwhal serving", "state_dir")[0]; got != want {
 		t.Fatalf("state_dir %q, want %q", got, want)

@@ -11,11 +11,8 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,6 +29,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/internal/etcdtest"
 	"github.com/narwhal-llm/narwhal/internal/logbuf"
+	"github.com/narwhal-llm/narwhal/tlsfiles"
 )
 
 // Version is the Kubernetes release the tests run against (internal/kubeapiserver/go.mod).
@@ -59,8 +57,7 @@ type Server struct {
 	t       testing.TB
 	bin     string
 	args    []string
-	ca      *x509.Certificate
-	caKey   *ecdsa.PrivateKey
+	ca      *tlsfiles.CA
 	caPEM   []byte
 	port    int
 	portFD  int // a socket bound to the port (SO_REUSEPORT, never listening): the port stays ours
@@ -83,7 +80,11 @@ func Start(t testing.TB) *Server {
 	etcd := etcdtest.Start(t)
 	dir := t.TempDir()
 	s := &Server{t: t, bin: bin}
-	s.ca, s.caKey, s.caPEM = newCA(t)
+	ca, err := tlsfiles.NewCA("kubetest-ca", time.Now(), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.ca, s.caPEM = ca, ca.PEM()
 	write := func(name string, data []byte) string {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, data, 0o600); err != nil {
@@ -236,54 +237,18 @@ func reservePort(t testing.TB) (int, int) {
 	return sa.(*syscall.SockaddrInet4).Port, fd
 }
 
-func newCA(t testing.TB) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubetest-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return cert, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-}
-
-var serial int64 = 1
-
 // issue signs a certificate for name (a user in groups, or, server, the API server at 127.0.0.1).
 func (s *Server) issue(t testing.TB, name string, groups []string, server bool) (certPEM, keyPEM []byte) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.mu.Lock()
-	serial++
-	n := serial
-	s.mu.Unlock()
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(n), Subject: pkix.Name{CommonName: name, Organization: groups},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
+	l := tlsfiles.Leaf{Name: name, Groups: groups, Client: !server, Server: server, NotAfter: time.Now().Add(24 * time.Hour)}
 	if server {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
-		tmpl.DNSNames = []string{"localhost"}
+		l.Hosts = []string{"127.0.0.1", "localhost"}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, s.ca, &key.PublicKey, s.caKey)
+	certPEM, keyPEM, err := s.ca.Issue(l)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kd, _ := x509.MarshalECPrivateKey(key)
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd})
+	return certPEM, keyPEM
 }
 
 // String is for failure messages: the API server's output so far.
