@@ -61,8 +61,10 @@ type Options struct {
 type Server struct {
 	o     Options
 	token []byte
-	ready atomic.Bool
-	mux   *http.ServeMux
+	// identities are admin.identities: a mutating call's client certificate must name one.
+	identities map[string]bool
+	ready      atomic.Bool
+	mux        *http.ServeMux
 }
 
 // New builds the admin server.
@@ -71,6 +73,12 @@ func New(o Options) *Server {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{o: o, token: []byte(o.Config.Admin.Token), mux: http.NewServeMux()}
+	if ids := o.Config.Admin.Identities; len(ids) > 0 {
+		s.identities = map[string]bool{}
+		for _, id := range ids {
+			s.identities[id] = true
+		}
+	}
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { writeText(w, http.StatusOK, "ok") })
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn)}))
@@ -256,6 +264,10 @@ func (s *Server) guard(w http.ResponseWriter, r *http.Request) bool {
 	if !s.authorized(r) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="narwhal"`)
 		writeError(w, http.StatusUnauthorized, "unauthorized", "this call needs Authorization: Bearer <admin.token>")
+		return true
+	}
+	if s.identities != nil && (r.TLS == nil || !tlsfiles.Allowed(r.TLS.PeerCertificates, s.identities)) {
+		writeError(w, http.StatusForbidden, "forbidden", "this call needs a client certificate naming one of admin.identities")
 		return true
 	}
 	return s.standby(w)

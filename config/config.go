@@ -218,10 +218,14 @@ func (l ListenerTLS) Mutual() bool { return l.ClientCAFile != "" }
 type Admin struct {
 	// Token, when set, is required as "Authorization: Bearer <token>" on mutating calls; or
 	// TokenFile names a file holding it, or TokenEnv an environment variable (ResolveToken).
-	Token     string  `yaml:"token" json:"-"`
-	TokenFile string  `yaml:"token_file" json:"token_file"`
-	TokenEnv  string  `yaml:"token_env" json:"token_env"`
-	History   History `yaml:"history" json:"history"`
+	Token     string `yaml:"token" json:"-"`
+	TokenFile string `yaml:"token_file" json:"token_file"`
+	TokenEnv  string `yaml:"token_env" json:"token_env"`
+	// Identities, when set, are the client-certificate names (tlsfiles: URI SAN, DNS SAN, or the
+	// common name of a certificate without SANs) whose holders may make mutating calls; needs
+	// tls.admin.client_ca_file. With it, mutual TLS stands for the token off loopback.
+	Identities []string `yaml:"identities" json:"identities"`
+	History    History  `yaml:"history" json:"history"`
 }
 
 // HasToken reports whether a token is configured, in any of its three places.

@@ -796,7 +796,10 @@ func TestTLSConfig(t *testing.T) {
 		"tls: {xds: {cert_file: a, key_file: b}}\nxds: {identities: [x]}\n" + twoEngines:              "xds.identities: certificate identities need client certificates",
 		"xds: {nodes: [\"\"]}\n" + twoEngines:                                                         "xds.nodes[0]: must not be empty",
 		"listen: {admin: \"0.0.0.0:9090\"}\ntls: {admin: {cert_file: a, key_file: b}}\n" + twoEngines: "listen.admin: 0.0.0.0:9090 is reachable from other machines",
-		"tls: {extproc: {cert_file: a, key_file: b, ca_file: c}}\n" + twoEngines:                      "tls.extproc.ca_file",
+		// A client CA alone is not enough: Envoy's certificate may come from the same CA.
+		"listen: {admin: \"0.0.0.0:9090\"}\ntls: {admin: {cert_file: a, key_file: b, client_ca_file: c}}\n" + twoEngines: "require client certificates naming its operators (tls.admin.client_ca_file and admin.identities)",
+		"admin: {identities: [ops]}\n" + twoEngines:                              "admin.identities: certificate identities need client certificates",
+		"tls: {extproc: {cert_file: a, key_file: b, ca_file: c}}\n" + twoEngines: "tls.extproc.ca_file",
 	} {
 		if _, err := Load([]byte(src)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want %q", src, err, want)
@@ -826,8 +829,8 @@ func TestAdminAccess(t *testing.T) {
 		"listen: {admin: \"localhost:9090\"}\n" + twoEngines,
 		"listen: {admin: \"[::1]:9090\"}\n" + twoEngines,
 		"listen: {admin: \"0.0.0.0:9090\"}\nadmin: {token_env: NARWHAL_TEST_TOKEN}\n" + twoEngines,
-		// Mutual TLS stands for the token: only clients with a certificate from the CA get in.
-		"listen: {admin: \"0.0.0.0:9090\"}\ntls: {admin: {cert_file: a.crt, key_file: a.key, client_ca_file: ca.crt}}\n" + twoEngines,
+		// Mutual TLS with named identities stands for the token.
+		"listen: {admin: \"0.0.0.0:9090\"}\ntls: {admin: {cert_file: a.crt, key_file: a.key, client_ca_file: ca.crt}}\nadmin: {identities: [ops]}\n" + twoEngines,
 	} {
 		if _, err := Load([]byte(src)); err != nil {
 			t.Errorf("%q: %v", src, err)

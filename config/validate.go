@@ -174,8 +174,18 @@ func (k *checker) adminAccess(c *Config) {
 	if slices.ContainsFunc(k.out, func(f finding) bool { return f.Path == "listen.admin" }) {
 		return // the address itself is wrong: that is the problem to fix first
 	}
-	if OffLoopback(c.Listen.Admin) && !a.HasToken() && !c.TLS.Admin.Mutual() {
-		k.add("listen.admin", []string{"admin.token"}, "%s is reachable from other machines and the admin API has no token: set admin.token (or admin.token_file, admin.token_env), require client certificates (tls.admin.client_ca_file), or bind listen.admin to 127.0.0.1", c.Listen.Admin)
+	if len(a.Identities) > 0 && !c.TLS.Admin.Mutual() {
+		k.add("admin.identities", nil, "certificate identities need client certificates: set tls.admin.client_ca_file (and tls.admin.cert_file, key_file)")
+	}
+	for i, id := range a.Identities {
+		if id == "" {
+			k.add(fmt.Sprintf("admin.identities[%d]", i), nil, "must not be empty")
+		}
+	}
+	// Mutual TLS stands for the token only with named identities: a CA shared with Envoy's
+	// certificate would otherwise make every Envoy an admin.
+	if OffLoopback(c.Listen.Admin) && !a.HasToken() && !(c.TLS.Admin.Mutual() && len(a.Identities) > 0) {
+		k.add("listen.admin", []string{"admin.token"}, "%s is reachable from other machines and the admin API has no token: set admin.token (or admin.token_file, admin.token_env), require client certificates naming its operators (tls.admin.client_ca_file and admin.identities), or bind listen.admin to 127.0.0.1", c.Listen.Admin)
 	}
 }
 

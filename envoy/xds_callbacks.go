@@ -44,9 +44,10 @@ type callbacks struct {
 	sotw  map[int64]*streamState // the sotw and delta servers number their streams separately
 	delta map[int64]*streamState
 
-	access  access
-	refused atomic.Uint64
-	logged  map[string]bool // the refusals logged (once each, up to maxLogged)
+	access     access
+	refused    atomic.Uint64
+	logged     map[string]bool // the refusals logged (once each, up to maxLogged)
+	loggedFull bool            // maxLogged reached, and said
 }
 
 // access is who may open ADS streams: nil sets allow anyone.
@@ -60,7 +61,7 @@ const maxLogged = 1024
 
 type streamState struct {
 	node    string
-	checked bool                    // the node id was checked against access.nodes
+	checked string                  // the node id checked against access.nodes ("" before)
 	sent    map[string]sentResponse // the last response sent, by type URL
 }
 
@@ -81,12 +82,19 @@ func (c *callbacks) refuse(who, why string, attrs ...any) error {
 	key := why + "\x00" + who
 	c.mu.Lock()
 	first := !c.logged[key] && len(c.logged) < maxLogged
+	full := !first && !c.logged[key] && !c.loggedFull
 	if first {
 		c.logged[key] = true
 	}
+	if full {
+		c.loggedFull = true
+	}
 	c.mu.Unlock()
-	if first {
+	switch {
+	case first:
 		c.log.Warn("xds: stream refused: this client gets no resources (logged once)", append([]any{"client", who, "why", why}, attrs...)...)
+	case full:
+		c.log.Warn("xds: more distinct clients refused than are logged one by one: further ones are only counted (narwhal_xds_refused_total)", "logged", maxLogged)
 	}
 	return status.Errorf(codes.PermissionDenied, "narwhal: client %q %s", who, why)
 }
@@ -100,12 +108,10 @@ func (c *callbacks) checkPeer(ctx context.Context) error {
 	var ids []string
 	if p != nil {
 		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.PeerCertificates) > 0 {
+			if tlsfiles.Allowed(ti.State.PeerCertificates, c.access.identities) {
+				return nil
+			}
 			ids = tlsfiles.Identities(ti.State.PeerCertificates[0])
-		}
-	}
-	for _, id := range ids {
-		if c.access.identities[id] {
-			return nil
 		}
 	}
 	who, addr := strings.Join(ids, ","), ""
@@ -118,21 +124,27 @@ func (c *callbacks) checkPeer(ctx context.Context) error {
 	return c.refuse(who, "has no client certificate identity in xds.identities", "peer", addr)
 }
 
-// checkNode refuses a stream whose node id is not allowed, once per stream (Envoy names its node
-// on the first request only).
+// checkNode refuses a stream whose node id is not allowed (Envoy names its node on the first
+// request only), and one that names another node later on.
 func (c *callbacks) checkNode(st *streamState) error {
 	if c.access.nodes == nil {
 		return nil
 	}
 	c.mu.Lock()
-	done := st.checked
-	st.checked = true
-	node := st.node
-	c.mu.Unlock()
-	if done || c.access.nodes[node] {
-		return nil
+	checked, node := st.checked, st.node
+	if checked == "" {
+		st.checked = node
 	}
-	return c.refuse(node, "is not in xds.nodes")
+	c.mu.Unlock()
+	switch {
+	case checked != "" && node != checked:
+		return c.refuse(node, "changed its node id on the stream (from "+checked+")")
+	case checked != "":
+		return nil
+	case !c.access.nodes[node]:
+		return c.refuse(node, "is not in xds.nodes")
+	}
+	return nil
 }
 
 func (c *callbacks) open(streams map[int64]*streamState, id int64) {

@@ -881,10 +881,19 @@ func TestRestrict(t *testing.T) {
 	if r := ok.next(); len(r.GetResources()) != 3 {
 		t.Fatalf("the allowed node got %d clusters", len(r.GetResources()))
 	}
+	// An allowed stream that names another node later is refused too.
+	if err := ok.stream.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: allNames, Node: &corev3.Node{Id: "intruder"}}); err != nil {
+		t.Fatal(err)
+	}
+	<-ok.done
+	if status.Code(ok.err) != codes.PermissionDenied || !strings.Contains(ok.err.Error(), "changed its node id on the stream (from envoy-1)") {
+		t.Fatalf("a node id changed on the stream: %v", ok.err)
+	}
 
 	ids := startServer(t, f, func(s *Server) { s.Restrict(nil, []string{"spiffe://x/envoy"}) })
 	c := dialSotw(t, ids.addr, "envoy-1")
-	c.subscribe(resource.ClusterType)
+	// The stream is refused as it opens: the request may already find it closed (EOF).
+	_ = c.stream.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType, Node: &corev3.Node{Id: "envoy-1"}})
 	<-c.done
 	if status.Code(c.err) != codes.PermissionDenied || !strings.Contains(c.err.Error(), "(no client certificate)") {
 		t.Fatalf("a client without a certificate: %v", c.err)

@@ -95,7 +95,7 @@ func Run(ctx context.Context, reqs []sim.Request, o Options) (*Summary, error) {
 	if len(o.Paths) == 0 {
 		return nil, errors.New("load: no routed path")
 	}
-	admin := &http.Client{Transport: &http.Transport{TLSClientConfig: o.AdminTLS}}
+	admin := &http.Client{Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: o.AdminTLS}}
 	defer admin.CloseIdleConnections()
 	if err := waitReady(ctx, admin, o.Admin, o.ReadyWait); err != nil {
 		return nil, err

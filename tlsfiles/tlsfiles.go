@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -211,7 +212,7 @@ func VerifyClient(chain []*x509.Certificate, pool *x509.CertPool, now time.Time)
 	_, err := chain[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, CurrentTime: now,
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
 	if err != nil {
-		return fmt.Errorf("tls: client certificate %q refused: %w", chain[0].Subject.CommonName, err)
+		return fmt.Errorf("tls: client certificate %q refused: %w", strings.Join(Identities(chain[0]), ","), err)
 	}
 	return nil
 }
@@ -262,16 +263,31 @@ func Client(what, caFile, certFile, keyFile string) (*tls.Config, error) {
 	return tc, nil
 }
 
-// Identities are the names a certificate stands for: its URI SANs (SPIFFE IDs), DNS SANs and
-// subject common name, in that order.
+// Identities are the names a certificate stands for: its URI SANs (SPIFFE IDs) and DNS SANs, in
+// that order; the subject common name only when it has neither (issuers police the SANs, while
+// a requester often chooses the common name freely).
 func Identities(c *x509.Certificate) []string {
 	var ids []string
 	for _, u := range c.URIs {
 		ids = append(ids, u.String())
 	}
 	ids = append(ids, c.DNSNames...)
-	if c.Subject.CommonName != "" {
+	if len(ids) == 0 && c.Subject.CommonName != "" {
 		ids = append(ids, c.Subject.CommonName)
 	}
 	return ids
+}
+
+// Allowed reports whether the verified client certificate of a connection (its leaf) names one
+// of allowed (Identities).
+func Allowed(chain []*x509.Certificate, allowed map[string]bool) bool {
+	if len(chain) == 0 {
+		return false
+	}
+	for _, id := range Identities(chain[0]) {
+		if allowed[id] {
+			return true
+		}
+	}
+	return false
 }

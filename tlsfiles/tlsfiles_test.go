@@ -256,6 +256,9 @@ func TestRotation(t *testing.T) {
 		c.Close()
 		t.Fatal("a client of the old CA got through after the client CA rotated")
 	}
+	if st := s.Status(); !strings.Contains(st.LastRefusal, "unknown authority") {
+		t.Fatalf("after the client CA rotated: last refusal %q", st.LastRefusal)
+	}
 }
 
 // Bad files are errors naming the key and the file, before anything serves.
@@ -297,8 +300,17 @@ func TestIdentities(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := strings.Join(Identities(cert), ",")
-	if got != "spiffe://cluster.local/ns/llm/sa/envoy,envoy.llm,envoy-1" {
-		t.Fatalf("identities %s", got)
+	if got != "spiffe://cluster.local/ns/llm/sa/envoy,envoy.llm" {
+		t.Fatalf("identities %s (the common name counts only without SANs)", got)
+	}
+	bare, _, err := ca.Issue(Leaf{Name: "envoy-2", Client: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ = pem.Decode(bare)
+	cert, _ = x509.ParseCertificate(block.Bytes)
+	if got := Identities(cert); len(got) != 1 || got[0] != "envoy-2" || !Allowed([]*x509.Certificate{cert}, map[string]bool{"envoy-2": true}) || Allowed(nil, map[string]bool{"envoy-2": true}) {
+		t.Fatalf("a certificate without SANs: %v", got)
 	}
 	if _, _, err := ca.Issue(Leaf{Name: "nothing"}); err == nil {
 		t.Fatal("a certificate for neither servers nor clients was issued")

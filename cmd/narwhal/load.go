@@ -118,7 +118,7 @@ func newLoad(stdout, stderr io.Writer) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&cfgPath, "config", "", "the config narwhal serve runs (default: the embedded one): its listen addresses, router.paths and SLO")
 	f.StringVar(&extproc, "extproc", "", "Narwhal's ext_proc address (default: the config's listen.extproc)")
-	f.StringVar(&adminURL, "admin", "", "Narwhal's admin URL, for the split and role changes (default: http:// and the config's listen.admin)")
+	f.StringVar(&adminURL, "admin", "", "Narwhal's admin URL, for the split and role changes (default: the config's listen.admin, https:// with tls.admin)")
 	f.StringVar(&tlsCA, "tls-ca", "", "with tls.extproc (and tls.admin): the CA file that signed Narwhal's certificates (default: the system's roots)")
 	f.StringVar(&tlsCert, "tls-cert", "", "with mutual TLS: the client certificate presented to Narwhal")
 	f.StringVar(&tlsKey, "tls-key", "", "with mutual TLS: the client certificate's key")

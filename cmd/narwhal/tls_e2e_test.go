@@ -38,10 +38,11 @@ type testPKI struct {
 	envoyCert, envoyKey      string
 	strangerCert, strangerKy string
 	expiredCert, expiredKey  string
+	opCert, opKey            string // an operator's: admin.identities names it
 	authority                *tlsfiles.CA
 }
 
-const envoyIdentity = "spiffe://narwhal.test/envoy"
+const envoyIdentity, operatorIdentity = "spiffe://narwhal.test/envoy", "spiffe://narwhal.test/operator"
 
 func newTestPKI(t testing.TB) *testPKI {
 	t.Helper()
@@ -60,6 +61,8 @@ func newTestPKI(t testing.TB) *testPKI {
 	p.cert, p.key, err = p.authority.WriteLeaf(p.dir, "narwhal", tlsfiles.Leaf{Name: "narwhal", Hosts: []string{"127.0.0.1", "localhost"}, Server: true})
 	must(err)
 	p.envoyCert, p.envoyKey, err = p.authority.WriteLeaf(p.dir, "envoy", tlsfiles.Leaf{Name: "envoy", URIs: []string{envoyIdentity}, Client: true})
+	must(err)
+	p.opCert, p.opKey, err = p.authority.WriteLeaf(p.dir, "operator", tlsfiles.Leaf{Name: "operator", URIs: []string{operatorIdentity}, Client: true})
 	must(err)
 	p.expiredCert, p.expiredKey, err = p.authority.WriteLeaf(p.dir, "expired", tlsfiles.Leaf{Name: "envoy", URIs: []string{envoyIdentity}, Client: true,
 		NotBefore: time.Now().Add(-48 * time.Hour), NotAfter: time.Now().Add(-time.Hour)})
@@ -87,7 +90,8 @@ func (p *testPKI) tlsConfig(engines []string) string {
 	l := fmt.Sprintf("{cert_file: %q, key_file: %q, client_ca_file: %q}", p.cert, p.key, p.ca)
 	return e2eConfig(anyPort, anyPort, anyPort, engines) +
 		fmt.Sprintf("tls: {extproc: %s, xds: %s, admin: %s}\n", l, l, l) +
-		fmt.Sprintf("xds: {nodes: [narwhal-envoy], identities: [%q]}\n", envoyIdentity)
+		fmt.Sprintf("xds: {nodes: [narwhal-envoy], identities: [%q]}\n", envoyIdentity) +
+		fmt.Sprintf("admin: {identities: [%q]}\n", operatorIdentity)
 }
 
 // narwhal serve with mutual TLS on its three listeners: Envoy's side (narwhal load playing it,
@@ -134,6 +138,23 @@ func TestServeTLSEndToEnd(t *testing.T) {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				t.Error("plaintext http to the TLS admin answered 200")
+			}
+		}
+		// Mutating calls: Envoy's certificate reads the state but may not move engines; the
+		// operator's (admin.identities) may.
+		for _, tc := range []struct {
+			name string
+			tls  *tls.Config
+			want int
+		}{{"envoy", envoyTLS, http.StatusForbidden}, {"operator", p.client(t, p.opCert, p.opKey), http.StatusOK}} {
+			c := &http.Client{Transport: &http.Transport{TLSClientConfig: tc.tls}}
+			resp, err := c.Post("https://"+admin+"/narwhal/engines/e1/pin", "application/json", nil)
+			if err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Errorf("%s pins e1: %d, want %d", tc.name, resp.StatusCode, tc.want)
 			}
 		}
 	})
@@ -193,7 +214,7 @@ func TestServeTLSEndToEnd(t *testing.T) {
 		if code := adsRefusal(t, xdsAddr, "narwhal-envoy", creds(p.client(t, p.expiredCert, p.expiredKey))); code != codes.Unavailable {
 			t.Errorf("expired certificate: %v, want the handshake refused (Unavailable)", code)
 		}
-		for _, line := range []string{`client=someone-else why="is not in xds.nodes"`, `client=spiffe://narwhal.test/other,other why="has no client certificate identity in xds.identities"`} {
+		for _, line := range []string{`client=someone-else why="is not in xds.nodes"`, `client=spiffe://narwhal.test/other why="has no client certificate identity in xds.identities"`} {
 			if n := strings.Count(srv.out.String(), line); n != 1 {
 				t.Errorf("refusal logged %d times, want once: %s", n, line)
 			}
@@ -244,7 +265,7 @@ func TestServeTLSEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		complete("on the connection opened before the rotation")
-		adminClient := &http.Client{Transport: &http.Transport{TLSClientConfig: envoyTLS}}
+		adminClient := &http.Client{Transport: &http.Transport{TLSClientConfig: p.client(t, p.opCert, p.opKey)}}
 		resp, err := adminClient.Post("https://"+admin+"/narwhal/engines/e2/drain", "application/json", nil)
 		if err != nil || resp.StatusCode != http.StatusOK {
 			t.Fatalf("drain over https: %v %v", resp, err)

@@ -286,8 +286,9 @@ func bsTransport(t config.ListenerTLS, key string, hosts bsAddrs, c ClientTLS) (
 	}
 	for _, h := range hosts {
 		san := bsSAN{Type: "DNS", Value: h.Host}
-		if h.IsIP() {
-			san.Type = "IP_ADDRESS"
+		if ip, err := netip.ParseAddr(h.Host); err == nil {
+			// Envoy compares an IP SAN in its canonical text: no zone, IPv4 unmapped, IPv6 short.
+			san = bsSAN{Type: "IP_ADDRESS", Value: ip.WithZone("").Unmap().String()}
 		}
 		if !slices.Contains(b.SANs, san) {
 			b.SANs = append(b.SANs, san)

@@ -441,6 +441,12 @@ func (l *linter) grpcCluster(lc lintCluster, key, want string) {
 	}
 }
 
+// tlsContextType is the type of the TLS transport socket's config.
+const (
+	tlsContextType = "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+	rawBufferType  = "envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
+)
+
 // transport checks that a cluster to Narwhal's listener key (listen.extproc, listen.xds) speaks
 // what the listener serves: TLS on one side only is an error naming both; with TLS, Envoy must
 // check Narwhal's certificate and offer h2 by ALPN (grpc-go refuses a TLS connection without
@@ -456,12 +462,20 @@ func (l *linter) transport(lc lintCluster, key string) {
 	}
 	ts := c.GetTransportSocket()
 	var up tlsv3.UpstreamTlsContext
-	isTLS := ts != nil && ts.GetTypedConfig() != nil && ts.GetTypedConfig().UnmarshalTo(&up) == nil
+	plain := ts == nil || typeName(ts.GetTypedConfig()) == rawBufferType ||
+		ts.GetTypedConfig() == nil && ts.GetName() == "envoy.transport_sockets.raw_buffer"
+	isTLS := !plain && ts.GetTypedConfig() != nil && typeName(ts.GetTypedConfig()) == tlsContextType && ts.GetTypedConfig().UnmarshalTo(&up) == nil
 	switch {
-	case t.Enabled() && !isTLS:
+	case len(c.GetTransportSocketMatches()) > 0:
+		l.add(problem.Key(lc.path, "transport_socket_matches"), "cluster %q chooses its transport per endpoint, but Narwhal's %s speaks one (%s): use one transport_socket", c.GetName(), key, tkey)
+		return
+	case t.Enabled() && plain:
 		l.add(p, "cluster %q speaks plaintext but Narwhal serves TLS on %s (%s.cert_file): add a transport_socket envoy.transport_sockets.tls with an UpstreamTlsContext (narwhal envoy-config --tls-ca writes it)", c.GetName(), key, tkey)
 		return
-	case !t.Enabled() && ts != nil:
+	case t.Enabled() && !isTLS:
+		l.add(p, "cluster %q's transport_socket is not an UpstreamTlsContext (%s): Narwhal serves TLS on %s (%s.cert_file); use envoy.transport_sockets.tls with an UpstreamTlsContext", c.GetName(), typeName(ts.GetTypedConfig()), key, tkey)
+		return
+	case !t.Enabled() && !plain:
 		l.add(p, "cluster %q speaks TLS but Narwhal's %s is plaintext (no %s.cert_file): remove the transport_socket or set %s", c.GetName(), key, tkey, tkey)
 		return
 	case !t.Enabled():
@@ -471,8 +485,12 @@ func (l *linter) transport(lc lintCluster, key string) {
 	if !slices.Contains(ctx.GetAlpnProtocols(), "h2") {
 		l.add(problem.Key(cp, "alpn_protocols"), "must offer h2: Narwhal's gRPC server (grpc-go) refuses TLS connections that do not negotiate h2 by ALPN")
 	}
-	if ctx.GetValidationContext().GetTrustedCa() == nil && ctx.GetValidationContextSdsSecretConfig() == nil && ctx.GetCombinedValidationContext() == nil {
+	vc := ctx.GetValidationContext()
+	switch {
+	case vc.GetTrustedCa() == nil && ctx.GetValidationContextSdsSecretConfig() == nil && ctx.GetCombinedValidationContext() == nil:
 		l.add(problem.Key(cp, "validation_context"), "missing: Envoy would accept any certificate for Narwhal's %s; set trusted_ca {filename: <the CA that signed %s.cert_file>}", key, tkey)
+	case vc != nil && len(vc.GetMatchTypedSubjectAltNames()) == 0:
+		l.add(problem.Fields(cp, "validation_context.match_typed_subject_alt_names"), "missing: Envoy would take any certificate its CA signed for Narwhal's %s; match the name Envoy dials (narwhal envoy-config writes it)", key)
 	}
 	if t.Mutual() && len(ctx.GetTlsCertificates()) == 0 && len(ctx.GetTlsCertificateSdsSecretConfigs()) == 0 && ctx.GetTlsCertificateProviderInstance() == nil {
 		l.add(problem.Key(cp, "tls_certificates"), "missing: Narwhal requires a client certificate on %s (%s.client_ca_file); give Envoy one that CA signed", key, tkey)

@@ -609,10 +609,28 @@ func TestTLS(t *testing.T) {
 		{"no h2", edit(t, doc, "alpn_protocols: [h2]", "alpn_protocols: [http/1.1]"), want{ctx + ".alpn_protocols", "must offer h2"}},
 		{"no CA", cut(t, doc, "          validation_context:\n", "    circuit_breakers:"), want{ctx + ".validation_context", "Envoy would accept any certificate"}},
 		{"no client certificate", cut(t, doc, "          tls_certificates:\n", "          validation_context:"), want{ctx + ".tls_certificates", "requires a client certificate on listen.extproc (tls.extproc.client_ca_file)"}},
+		{"no SAN matched", cut(t, doc, "            match_typed_subject_alt_names:\n", "    circuit_breakers:"), want{ctx + ".validation_context.match_typed_subject_alt_names", "Envoy would take any certificate its CA signed"}},
+		{"a downstream context", edit(t, doc, "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext", "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"),
+			want{socket, "is not an UpstreamTlsContext (envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext)"}},
 	} {
 		if ps := bootstrap.Validate([]byte(tc.doc), cfg); !hasProblem(ps, tc.want) {
 			t.Errorf("%s:%s", tc.name, dump(ps))
 		}
+	}
+	// An explicit raw_buffer socket is plaintext.
+	raw := edit(t, generate(t, defaultConfig(t), bootstrap.Options{}), "    circuit_breakers:\n", "    transport_socket:\n      name: envoy.transport_sockets.raw_buffer\n      typed_config:\n        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer\n    circuit_breakers:\n")
+	if ps := bootstrap.Validate([]byte(raw), cfg); !hasProblem(ps, want{socket, "speaks plaintext but Narwhal serves TLS"}) {
+		t.Errorf("raw_buffer against TLS:%s", dump(ps))
+	}
+	if ps := bootstrap.Validate([]byte(raw), defaultConfig(t)); len(ps) != 0 {
+		t.Errorf("raw_buffer against plaintext:%s", dump(ps))
+	}
+	// IP hosts are matched in Envoy's canonical text.
+	v6 := defaultConfig(t)
+	v6.Listen.ExtProc, v6.Listen.XDS = "[::]:9002", "[::]:18000"
+	v6.TLS = cfg.TLS
+	if d := generate(t, v6, bootstrap.Options{TLS: files, NarwhalHosts: []string{"0:0::1"}}); !strings.Contains(d, `matcher: {exact: "::1"}`) {
+		t.Errorf("an IPv6 host's SAN is not canonical")
 	}
 	if ps := bootstrap.Validate([]byte(doc), defaultConfig(t)); !hasProblem(ps, want{socket, `speaks TLS but Narwhal's listen.extproc is plaintext (no tls.extproc.cert_file)`}) ||
 		!hasProblem(ps, want{xdsCl + ".transport_socket", "listen.xds is plaintext"}) {
