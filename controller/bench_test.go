@@ -26,9 +26,11 @@ func BenchmarkRegularPass(b *testing.B) {
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {
 					c.nextPass = 0
-					if _, ok := c.Tick(now, fl, r); !ok {
+					d, ok := c.Tick(now, fl, r)
+					if !ok {
 						b.Fatal("no pass")
 					}
+					c.Applied(d)
 				}
 			})
 		}
@@ -44,9 +46,11 @@ func BenchmarkUrgent(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				c.urgent = &pending{due: 0, tr: tr}
-				if d, ok := c.Tick(now, fl, r); !ok || d.Caller != CallerUrgent || d.Outcome == OutcomeDropped {
+				d, ok := c.Tick(now, fl, r)
+				if !ok || d.Caller != CallerUrgent || d.Outcome == OutcomeDropped {
 					b.Fatalf("no urgent evaluation of a waiting request: %+v", d)
 				}
+				c.Applied(d)
 			}
 		})
 	}
@@ -133,7 +137,9 @@ func BenchmarkPlacementUnderEvaluations(b *testing.B) {
 					var now time.Time
 					rl.Do(func(t time.Time, r *router.Router) { now, fork = t, r.Fork(fork) })
 					c.nextPass = 0
-					c.Tick(now, snap, fork)
+					if d, ok := c.Tick(now, snap, fork); ok {
+						c.Applied(d)
+					}
 					if every > 0 {
 						time.Sleep(every) // the evaluation cadence, not a synchronisation
 					}

@@ -33,8 +33,10 @@ const (
 // Controller is the role controller's deterministic core (docs/role-control.md): regular and
 // urgent evaluations priced with the router's projection, every gate on a move, the
 // arrival-evidence window, and a decision record for every evaluation. It owns no goroutine,
-// reads no clock and changes nothing: Tick returns decisions whose moves the caller applies to
-// the fleet. It is not safe for concurrent use.
+// reads no clock and changes nothing outside itself: Tick proposes a decision, the caller
+// applies what it can of its moves to the fleet and acknowledges the decision as applied
+// (Applied), and only then does the controller count the move (confirmations, cooldown,
+// evidence window) — as raft's Ready and Advance. It is not safe for concurrent use.
 type Controller struct {
 	cfg      config.Controller
 	slo      config.SLO
@@ -51,6 +53,7 @@ type Controller struct {
 	win          window
 	urgent       *pending
 	seq          uint64
+	proposed     uint64 // the decision Tick proposed and Applied has not acknowledged; 0: none
 }
 
 // window is the arrival-evidence window (docs/role-control.md, section 7).
@@ -108,11 +111,23 @@ func (c *Controller) NextDeadline() time.Time {
 }
 
 // Tick runs the evaluation due at now, if any, on the fleet fl and the router's projection v,
-// and returns its record (ok false when nothing was due). At most one evaluation runs per call
-// — floor repair and readmission first, then an urgent one, then a regular pass — so that the
-// caller applies its moves before the next: call Tick again while NextDeadline is not after
-// now.
+// and returns its record (ok false when nothing was due): a proposal, which the caller applies
+// and acknowledges with Applied before it calls Tick again (Tick panics otherwise). At most one
+// evaluation runs per call — floor repair and readmission first, then an urgent one, then a
+// regular pass — so that the caller applies its moves before the next: call Tick again while
+// NextDeadline is not after now.
 func (c *Controller) Tick(now time.Time, fl fleet.Snapshot, v View) (Decision, bool) {
+	if c.proposed != 0 {
+		panic(fmt.Sprintf("controller: Tick before decision %d was acknowledged (Applied)", c.proposed))
+	}
+	d, ok := c.tick(now, fl, v)
+	if ok {
+		c.proposed = d.Seq
+	}
+	return d, ok
+}
+
+func (c *Controller) tick(now time.Time, fl fleet.Snapshot, v View) (Decision, bool) {
 	t := c.at(now)
 	s := newState(c, now, t, fl, v)
 	c.observeWindow(t, &s)
@@ -135,7 +150,7 @@ func (c *Controller) Tick(now time.Time, fl fleet.Snapshot, v View) (Decision, b
 	return Decision{}, false
 }
 
-// record numbers a decision and applies its effects on the controller's own state.
+// record numbers a decision. Its effects on the controller's own state wait for Applied.
 func (c *Controller) record(d Decision) Decision {
 	c.seq++
 	d.Kind, d.Seq, d.Advisory = "decision", c.seq, c.cfg.Advisory
@@ -148,14 +163,41 @@ func (c *Controller) record(d Decision) Decision {
 	if d.Candidates == nil {
 		d.Candidates = []Priced{}
 	}
-	if d.Outcome == OutcomeMoved { // the passes before priced another split: motives count anew
-		c.conf = Confirmed{}
+	return d
+}
+
+// Applied acknowledges the decision Tick proposed, as the caller applied it: the edge may have
+// made fewer of its moves or none (a move it could not persist, one the fleet refused), and
+// records that in d (Outcome blocked, fewer Moves). Only a decision that moved counts: it resets
+// the confirmations, and a move toward decode starts the cooldown and restarts the evidence
+// window. A decision that moved nothing leaves all three as they were.
+func (c *Controller) Applied(d Decision) {
+	if d.Seq != c.proposed {
+		panic(fmt.Sprintf("controller: Applied(decision %d), but decision %d is the one proposed", d.Seq, c.proposed))
 	}
-	if d.Outcome == OutcomeMoved && d.Direction == ToDecode { // repairs and readmissions too
+	c.proposed = 0
+	c.acknowledge(d)
+}
+
+// acknowledge makes an applied decision's effects on the controller's own state.
+func (c *Controller) acknowledge(d Decision) {
+	if d.Outcome != OutcomeMoved {
+		return
+	}
+	c.conf = Confirmed{} // the passes before priced another split: motives count anew
+	if d.Direction == ToDecode { // repairs and readmissions too
 		c.lastToDecode = d.TimeS
 		c.restartWindow(d.TimeS, c.win.base+c.win.arrivals) // a decode-recovery move
 	}
-	return d
+}
+
+// DurableAfter is the durable state once d is applied as proposed: what the caller persists
+// before it applies d's moves (a move that then does not happen is corrected by the next
+// decision's state).
+func (c *Controller) DurableAfter(d Decision) Durable {
+	after := *c
+	after.acknowledge(d)
+	return after.Durable()
 }
 
 // state is what one evaluation reads: the fleet, the router's loads, demand.

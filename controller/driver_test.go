@@ -3,6 +3,7 @@ package controller
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -93,7 +94,13 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 		now := d.at(td)
 		d.r.Tick(now)
 		d.drain(&b)
-		d.evaluate(now, td.HasArg("verbose"), &b)
+		d.evaluate(now, td.HasArg("verbose"), td.HasArg("refuse"), &b)
+	case "state": // the guards an acknowledged move sets
+		last := "none"
+		if !math.IsInf(d.c.lastToDecode, -1) {
+			last = fmt.Sprintf("%.3f", d.c.lastToDecode)
+		}
+		fmt.Fprintf(&b, "last_to_decode=%s window opened_at=%.3f closed=%t confirmations=%+v\n", last, d.c.win.openedAt, d.c.win.closed, d.c.conf)
 	case "role": // an operator's or another controller's move
 		d.external = true
 		var id, to string
@@ -183,8 +190,9 @@ func (d *driver) drain(b *strings.Builder) {
 	}
 }
 
-// evaluate runs every evaluation due at now and applies its moves, as the live wrapper does.
-func (d *driver) evaluate(now time.Time, verbose bool, b *strings.Builder) {
+// evaluate runs every evaluation due at now and applies its moves, as the live wrapper does;
+// with refuse the edge applies none (as when Live cannot persist them).
+func (d *driver) evaluate(now time.Time, verbose, refuse bool, b *strings.Builder) {
 	for !d.c.NextDeadline().After(now) {
 		dec, ok := d.c.Tick(now, d.fleet.Snapshot(), d.r)
 		if !ok {
@@ -222,8 +230,13 @@ func (d *driver) evaluate(now time.Time, verbose bool, b *strings.Builder) {
 				fmt.Fprintf(b, "  gate %s %s: %s\n", g.Name, mark, g.Detail)
 			}
 		}
+		if refuse && len(dec.Moves) > 0 {
+			NotApplied(&dec, "refused by the test's edge")
+			fmt.Fprintf(b, "  refused: %s %s\n", dec.Outcome, dec.Reason[strings.LastIndex(dec.Reason, "; ")+2:])
+		}
 		moves := len(dec.Moves)
 		ApplyDecision(d.fleet, d.r, &dec, now, nil) // as Live and the simulator apply it
+		d.c.Applied(dec)
 		if len(dec.Moves) != moves {
 			d.t.Fatalf("the fleet refused a move of decision %d: %s", dec.Seq, dec.Reason)
 		}

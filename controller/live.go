@@ -191,6 +191,7 @@ func (l *Live) evaluateDue() {
 		}
 		if ok { // under l.mu: decisions and their fleet events reach the log in order
 			l.apply(&d, now)
+			l.c.Applied(d)
 			l.publish(&d, took)
 		}
 		l.mu.Unlock()
@@ -225,13 +226,20 @@ func (l *Live) publish(d *Decision, took time.Duration) {
 func (l *Live) apply(d *Decision, now time.Time) {
 	if err := l.durable(d); err != nil && len(d.Moves) > 0 {
 		l.log.Warn("role move not applied: its state could not be written", "decision", d.Seq, "err", err)
-		d.Reason += fmt.Sprintf("; not applied: the state could not be written (%v)", err)
-		d.Moves, d.SplitAfter = nil, d.SplitBefore
-		if d.Outcome == OutcomeMoved {
-			d.Outcome = OutcomeBlocked
-		}
+		NotApplied(d, fmt.Sprintf("the state could not be written (%v)", err))
 	}
 	ApplyDecision(l.fleet, livePreparer{l.router}, d, now, l.log)
+}
+
+// NotApplied records that the edge makes none of d's moves, and why: a moved decision becomes
+// blocked, its split stays where it was. Acknowledged so (Controller.Applied), it leaves the
+// controller's guards as they were.
+func NotApplied(d *Decision, why string) {
+	d.Reason += "; not applied: " + why
+	d.Moves, d.SplitAfter = nil, d.SplitBefore
+	if d.Outcome == OutcomeMoved {
+		d.Outcome = OutcomeBlocked
+	}
 }
 
 // durable hands d to Persist, if any; l.mu is held. A failure is logged: it keeps a decision's
@@ -241,7 +249,7 @@ func (l *Live) durable(d *Decision) error {
 	if l.persist == nil {
 		return nil
 	}
-	err := l.persist(d, l.c.Durable())
+	err := l.persist(d, l.c.DurableAfter(*d))
 	if err != nil && len(d.Moves) == 0 {
 		l.log.Warn("decision not persisted", "decision", d.Seq, "err", err)
 	}

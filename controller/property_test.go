@@ -124,6 +124,7 @@ func TestAuditedProperty(t *testing.T) {
 							rt.Fatalf("decision %d: the fleet refused %v: %v", d.Seq, m, err)
 						}
 					}
+					ctl.Applied(d)
 					log.Decision(&d)
 					r.SetFleet(now, fl.Snapshot())
 					take()

@@ -576,6 +576,7 @@ func (s *run) evaluate() {
 			return
 		}
 		controller.ApplyDecision(s.f, s.r, &d, s.now, nil)
+		s.c.Applied(d)
 		s.log.Decision(&d)
 		if len(d.Moves) > 0 {
 			s.syncFleet()
