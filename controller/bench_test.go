@@ -87,7 +87,7 @@ func benchFleet(b *testing.B, n, waiting int) (*Controller, fleet.Snapshot, *rou
 		if o.Status == router.Waiting {
 			tr = router.Trigger{Request: "r", Handle: o.Handle}
 		}
-		r.TakeTrigger()
+		r.Advance()
 	}
 	if _, waiting := r.Price(now, router.Query{Splits: []router.Split{r.CurrentSplit()}, Request: tr.Handle}); !waiting {
 		b.Fatalf("the trigger %+v is not waiting", tr)

@@ -184,7 +184,7 @@ func (c *Controller) acknowledge(d Decision) {
 	if d.Outcome != OutcomeMoved {
 		return
 	}
-	c.conf = Confirmed{} // the passes before priced another split: motives count anew
+	c.conf = Confirmed{}         // the passes before priced another split: motives count anew
 	if d.Direction == ToDecode { // repairs and readmissions too
 		c.lastToDecode = d.TimeS
 		c.restartWindow(d.TimeS, c.win.base+c.win.arrivals) // a decode-recovery move

@@ -177,17 +177,19 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 
 // drain hands the router's trigger to the controller and prints the router's outbox.
 func (d *driver) drain(b *strings.Builder) {
-	for _, o := range d.r.Ready() {
+	out := d.r.Ready()
+	for _, o := range out.Outcomes {
 		for id, h := range d.handles {
 			if h == o.Handle {
 				fmt.Fprintf(b, "%s: %s\n", id, outcome(o))
 			}
 		}
 	}
-	if tr, ok := d.r.TakeTrigger(); ok {
-		fmt.Fprintf(b, "trigger: %s projected_ttft=%.3f\n", tr.Request, tr.ProjectedTTFT)
-		d.c.Trigger(tr)
+	if out.Urgent {
+		fmt.Fprintf(b, "trigger: %s projected_ttft=%.3f\n", out.Trigger.Request, out.Trigger.ProjectedTTFT)
+		d.c.Trigger(out.Trigger)
 	}
+	d.r.Advance()
 }
 
 // evaluate runs every evaluation due at now and applies its moves, as the live wrapper does;

@@ -66,10 +66,10 @@ func TestAuditedProperty(t *testing.T) {
 		now := epoch
 		var handles []router.Handle
 		take := func() {
-			if tr, ok := r.TakeTrigger(); ok {
-				ctl.Trigger(tr)
+			if out := r.Ready(); out.Urgent {
+				ctl.Trigger(out.Trigger)
 			}
-			r.Ready()
+			r.Advance()
 		}
 		for step := rapid.IntRange(10, 80).Draw(rt, "steps"); step > 0; step-- {
 			switch op := rapid.SampledFrom([]string{"offer", "offer", "offer", "first", "complete", "cancel", "fail", "recover", "pin", "tick", "tick", "tick"}).Draw(rt, "op"); op {

@@ -53,7 +53,9 @@ func TestCorrectionUnderLoad(t *testing.T) {
 				heap.Push(&q, event{at: first, h: h, first: true})
 			}
 			drain := func(now float64) {
-				for _, o := range r.Ready() {
+				out := append([]Outcome(nil), r.Ready().Outcomes...)
+				r.Advance()
+				for _, o := range out {
 					if o.Status == Dispatched {
 						dispatched(now, o.Handle)
 					}

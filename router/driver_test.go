@@ -120,15 +120,17 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 	default:
 		t.Fatalf("%s: unknown command %q", td.Pos, td.Cmd)
 	}
-	for _, o := range d.r.Ready() {
+	out := d.r.Ready()
+	for _, o := range out.Outcomes {
 		b.WriteString(d.outcome(d.names[o.Handle], o))
 	}
-	for _, e := range d.r.TakeEjections() {
+	for _, e := range out.Ejections {
 		fmt.Fprintf(&b, "ejected: %s after %d upstream failures\n", e.Engine, e.Failures)
 	}
-	if tr, ok := d.r.TakeTrigger(); ok {
-		fmt.Fprintf(&b, "urgent: %s projected_ttft=%.3f\n", tr.Request, tr.ProjectedTTFT)
+	if out.Urgent {
+		fmt.Fprintf(&b, "urgent: %s projected_ttft=%.3f\n", out.Trigger.Request, out.Trigger.ProjectedTTFT)
 	}
+	d.r.Advance()
 	snap := d.r.Snapshot(d.now)
 	if broken := snap.Conserved(); broken != "" {
 		t.Fatalf("%s: conservation broken: %s\n%+v", td.Pos, broken, snap)

@@ -72,42 +72,38 @@ func (l *Live) Run(ctx context.Context) error {
 	}
 }
 
-// flush delivers the router's outbox to the waiting offers, and wakes Run when the router now
-// has a deadline before Run's timer; call with the lock held. It returns what the hooks get:
-// call fire with it after unlocking.
-func (l *Live) flush() raised {
+// flush acts on the router's output — each outcome to its waiting offer — and wakes Run when
+// the router now has a deadline before Run's timer; call with the lock held. It returns what
+// the hooks get (outcomes delivered, ejections copied: they outlive the lock): call fire with
+// it after unlocking.
+func (l *Live) flush() Output {
 	l.signal()
-	for _, o := range l.r.Ready() {
+	out := l.r.Ready()
+	for _, o := range out.Outcomes {
 		if ch, ok := l.waiters[o.Handle]; ok {
 			delete(l.waiters, o.Handle)
 			ch <- o
 		}
 	}
+	out.Outcomes = nil
+	if len(out.Ejections) > 0 {
+		out.Ejections = append([]Ejection(nil), out.Ejections...) // rare
+	}
+	l.r.Advance()
 	if next, ok := l.r.NextDeadline(); ok && next.Before(l.armed) {
 		l.armed = next
 		l.wake()
 	}
-	var out raised
-	out.trigger, out.ok = l.r.TakeTrigger()
-	if ej := l.r.TakeEjections(); len(ej) > 0 {
-		out.ejected = append([]Ejection(nil), ej...) // rare: a copy outlives the lock
-	}
 	return out
 }
 
-// raised is what one router call raised for the hooks.
-type raised struct {
-	trigger Trigger
-	ok      bool
-	ejected []Ejection
-}
-
-func (l *Live) fire(r raised) {
-	if r.ok && l.hooks.Trigger != nil {
-		l.hooks.Trigger(r.trigger)
+// fire hands the hooks what flush returned.
+func (l *Live) fire(out Output) {
+	if out.Urgent && l.hooks.Trigger != nil {
+		l.hooks.Trigger(out.Trigger)
 	}
 	if l.hooks.Eject != nil {
-		for _, e := range r.ejected {
+		for _, e := range out.Ejections {
 			l.hooks.Eject(e)
 		}
 	}

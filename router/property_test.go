@@ -45,7 +45,9 @@ func TestConservationProperty(t *testing.T) {
 		var live []Handle // handles the router may still hold
 		status := map[Handle]Status{}
 		check := func(step string) {
-			for _, o := range r.Ready() {
+			out := r.Ready()
+			ejected := append([]Ejection(nil), out.Ejections...)
+			for _, o := range out.Outcomes {
 				if o.Handle == 0 || (o.Status != Dispatched && !(o.Status == Rejected && (o.Code == WaitTimeout || o.Code == ShuttingDown))) {
 					rt.Fatalf("%s: bad outbox entry %+v", step, o)
 				}
@@ -54,7 +56,8 @@ func TestConservationProperty(t *testing.T) {
 				}
 				status[o.Handle] = o.Status
 			}
-			for _, ej := range r.TakeEjections() { // the edge marks it failed, as serve does
+			r.Advance()
+			for _, ej := range ejected { // the edge marks it failed, as serve does
 				if rapid.Bool().Draw(rt, "apply_ejection") {
 					_, _ = f.SetLifecycle(ej.Engine, fleet.Failed, now, "passive")
 					r.SetFleet(now, f.Snapshot())

@@ -821,22 +821,32 @@ func (r *Router) pump(t float64) {
 	}
 }
 
-// Ready returns the outcomes produced since the last call (dispatches and rejections of
-// waiting requests, in order). The slice is valid until the next call into the router.
-func (r *Router) Ready() []Outcome {
-	out := r.outbox
-	r.outbox = r.outbox[:0]
-	return out
+// Output is what the router raised since the last Advance for its edge to act on: the one
+// value that leaves it besides the answers of its calls.
+type Output struct {
+	// Outcomes are the dispatches and rejections of waiting requests, in order.
+	Outcomes []Outcome
+	// Trigger is the urgent-wake trigger, when Urgent: the first admitted offer whose projected
+	// TTFT exceeded slo.ttft_s (for the controller).
+	Trigger Trigger
+	Urgent  bool
+	// Ejections are the engines passive health checking took out (for the fleet: failed).
+	Ejections []Ejection
 }
 
-// TakeTrigger returns the urgent-wake trigger raised since the last call, if any: the first
-// admitted offer whose projected TTFT exceeded slo.ttft_s.
-func (r *Router) TakeTrigger() (Trigger, bool) {
-	if !r.urgent {
-		return Trigger{}, false
-	}
-	r.urgent = false
-	return r.trigger, true
+// Empty reports whether there is nothing to act on.
+func (o Output) Empty() bool { return len(o.Outcomes) == 0 && !o.Urgent && len(o.Ejections) == 0 }
+
+// Ready returns the output raised since the last Advance. Its slices are the router's own:
+// take what is needed, then call Advance before any other call into the router.
+func (r *Router) Ready() Output {
+	return Output{Outcomes: r.outbox, Trigger: r.trigger, Urgent: r.urgent, Ejections: r.ejections}
+}
+
+// Advance acknowledges the output Ready returned: the router forgets it (and reuses its
+// storage).
+func (r *Router) Advance() {
+	r.outbox, r.ejections, r.urgent = r.outbox[:0], r.ejections[:0], false
 }
 
 // Waiting reports whether the request is still in the waiting set.
@@ -963,7 +973,7 @@ func (r *Router) Complete(now time.Time, h Handle, outputTokens int) error {
 
 // Fail records a dispatched request that failed. An upstream failure counts against the
 // engine the request was sent to: health.passive.consecutive_failures of them in a row eject
-// it from placement at once (TakeEjections reports it for the fleet).
+// it from placement at once (Ready reports it for the fleet).
 func (r *Router) Fail(now time.Time, h Handle, why Failure) error {
 	t := r.at(now)
 	e, slot, err := r.dispatched(h)
@@ -991,15 +1001,6 @@ func (r *Router) failUpstream(t float64, i int16) {
 	r.updateFallback(t)
 	r.rebuildPools()
 	r.reproject(t)
-}
-
-// TakeEjections returns the engines passive health checking ejected since the last call. The
-// router already places nothing on them; the caller marks them failed in the fleet. The slice
-// is valid until the next call into the router.
-func (r *Router) TakeEjections() []Ejection {
-	out := r.ejections
-	r.ejections = r.ejections[:0]
-	return out
 }
 
 // Shutdown turns the router away from new work: every request still waiting is rejected

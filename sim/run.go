@@ -42,8 +42,9 @@ type run struct {
 	events  eventHeap
 	next    int // the next trace request to arrive
 	handles map[router.Handle]int32
-	open    int // requests admitted and not yet finished, failed or turned away
-	ready   []router.Outcome
+	open    int              // requests admitted and not yet finished, failed or turned away
+	ready   []router.Outcome // the router's output, copied (settle)
+	ejected []router.Ejection
 	out     []result
 	moves   []roleChange
 	// switching counts the engines held for an in-place switch (switch: sglang)
@@ -347,18 +348,24 @@ func (s *run) arrive(i int) {
 // urgent triggers, passive-health ejections.
 func (s *run) settle() {
 	for {
+		// The output's slices last until Advance, and acting on it calls the router: copy.
+		out := s.r.Ready()
+		s.ready = append(s.ready[:0], out.Outcomes...)
+		s.ejected = append(s.ejected[:0], out.Ejections...)
+		if out.Urgent && s.c != nil {
+			s.c.Trigger(out.Trigger)
+		}
+		s.r.Advance()
 		// An ejection changes the fleet, and the router may dispatch on the change: handle
 		// what it produces at this same instant.
 		ejected := false
-		for _, e := range s.r.TakeEjections() {
+		for _, e := range s.ejected {
 			cause := fmt.Sprintf("passive: %d upstream failures in a row", e.Failures)
 			if _, err := s.f.SetLifecycle(e.Engine, fleet.Failed, s.now, cause); err == nil {
 				s.syncFleet()
 				ejected = true
 			}
 		}
-		// Ready's slice lasts until the next router call, and a dispatch calls the router.
-		s.ready = append(s.ready[:0], s.r.Ready()...)
 		if len(s.ready) == 0 && !ejected {
 			break
 		}
@@ -376,9 +383,6 @@ func (s *run) settle() {
 				delete(s.handles, o.Handle)
 			}
 		}
-	}
-	if tr, ok := s.r.TakeTrigger(); ok && s.c != nil {
-		s.c.Trigger(tr)
 	}
 	s.switches()
 }
