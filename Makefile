@@ -89,12 +89,12 @@ check-long:
 # The simulator's results section of docs/benchmarks.md and its plots (docs/sim/*.svg): every
 # shared trace and synthetic kind on 8 engines, every policy side by side (about 15 minutes).
 bench-sim:
-	$(GO) run ./scripts/benchsim -root .
+	$(GO) run ./cmd/benchsim -root .
 
 # The controller scorecard of docs/benchmarks.md: every row under narwhal, static, static:best,
 # threshold and oracle:greedy on 8 engines at the defaults, each target checked (≤ 10 minutes).
 bench-control:
-	$(GO) run ./scripts/benchcontrol -root .
+	$(GO) run ./cmd/benchcontrol -root .
 
 # A move toward prefill through real engines: the burst's TTFT with the controller advisory and
 # moving (docs/benchmarks.md; times real processes: a quiet machine).

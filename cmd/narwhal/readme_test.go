@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"regexp"
 	"slices"
 	"strings"
@@ -222,5 +223,58 @@ func TestReadmeStateExample(t *testing.T) {
 	ee, le := example["engines"].([]any), live["engines"].([]any)
 	if len(ee) > 0 && len(le) > 0 {
 		missing("state.engines[0]", ee[0].(map[string]any), le[0].(map[string]any))
+	}
+}
+
+// layerOrder is the order of the README's layers: a package imports only from its own layer or
+// an earlier one.
+var layerOrder = []string{"vocabulary", "core", "edge", "tool"}
+
+// The README's package table is the rule: every package of the module is in it, with a layer,
+// and no package imports one of a later layer (its non-test imports, from go list).
+func TestLayers(t *testing.T) {
+	const module = "github.com/narwhal-llm/narwhal/"
+	text := section(t, readme(t), "## Development")
+	start := strings.Index(text, "| package | layer | what it holds |")
+	if start < 0 {
+		t.Fatal("README, Development: no package table")
+	}
+	layer := map[string]int{}
+	for _, line := range strings.Split(text[start:], "\n")[2:] {
+		if !strings.HasPrefix(line, "| ") {
+			break
+		}
+		cells := strings.Split(line, "|")
+		at := slices.Index(layerOrder, strings.TrimSpace(cells[2]))
+		if len(cells) < 4 || at < 0 {
+			t.Fatalf("README package table: bad row %q (layers: %v)", line, layerOrder)
+		}
+		for _, m := range regexp.MustCompile("`([^`]+)`").FindAllStringSubmatch(cells[1], -1) {
+			layer[m[1]] = at
+		}
+	}
+	cmd := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, "./...")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		pkg := strings.TrimPrefix(fields[0], module)
+		from, ok := layer[pkg]
+		if !ok {
+			t.Errorf("package %s is not in the README's package table (Development): add it with its layer", pkg)
+			continue
+		}
+		for _, imp := range fields[1:] {
+			dep, ours := strings.CutPrefix(imp, module)
+			if !ours {
+				continue
+			}
+			if to, ok := layer[dep]; ok && to > from {
+				t.Errorf("%s (%s) imports %s (%s): a later layer; the README's table says %s", pkg, layerOrder[from], dep, layerOrder[to], strings.Join(layerOrder, " < "))
+			}
+		}
 	}
 }

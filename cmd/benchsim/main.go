@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
-	"github.com/narwhal-llm/narwhal/scripts/internal/benchdoc"
+	"github.com/narwhal-llm/narwhal/internal/benchdoc"
 	"github.com/narwhal-llm/narwhal/sim"
 )
 

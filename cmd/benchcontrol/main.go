@@ -22,7 +22,7 @@ import (
 	"unicode"
 
 	"github.com/narwhal-llm/narwhal/config"
-	"github.com/narwhal-llm/narwhal/scripts/internal/benchdoc"
+	"github.com/narwhal-llm/narwhal/internal/benchdoc"
 	"github.com/narwhal-llm/narwhal/sim"
 )
 
