@@ -14,85 +14,46 @@ import (
 	"github.com/narwhal-llm/narwhal/audit"
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/internal/scripttest"
 	"github.com/narwhal-llm/narwhal/router"
 )
 
 // driver runs the real router and the controller in virtual time, as the live wrapper will:
 // offers raise urgent triggers for the controller; tick applies time to the router, runs every
-// evaluation due and applies its moves to the fleet and the router.
+// evaluation due and applies its moves to the fleet and the router. The commands it shares with
+// the router's scripts (offer, first, complete, fail, cancel, lifecycle, role, add, remove; time
+// never going back) are internal/scripttest's; its own:
 //
 //	init [key=value ...]        config tweaks; input: one engine a line, "id role [pinned] [sglang]"
 //	                            (sglang: it switches role in place)
-//	offer id=.. tokens=.. [max=..] [at=..]
-//	first|complete|cancel id=.. [at=..] [tokens=..]
-//	tick at=.. [verbose]        prints every decision: outcome, reason, moves; verbose adds
-//	                            candidates and gates
-//	lifecycle id=.. to=.. [at=..]
-//	add id=.. role=prefill|decode|open [at=..]   joins recovering (docs/discovery.md)
-//	remove id=.. [at=..]
-//	role id=.. to=.. [at=..]      a role change made outside the controller
+//	tick at=.. [verbose] [refuse] prints every decision: outcome, reason, moves; verbose adds
+//	                            candidates and gates; refuse: the edge makes none of its moves
+//	role id=.. to=.. [at=..]      a role change made outside the controller (the log is not
+//	                              audited then)
 //	switch id=.. result=.. [at=..] an in-place switch's next step: asked, succeeded, failed or
 //	                              abandoned (as the Switcher records them)
+//	state                       the guards an acknowledged move sets
 type driver struct {
-	t        *testing.T
-	log      *Log
-	buf      *bytes.Buffer
-	external bool // a role change outside the controller: the log is not the controller's alone
-	cfg      *config.Config
-	fleet    *fleet.Fleet
-	r        *router.Router
-	c        *Controller
-	now      time.Time
-	handles  map[string]router.Handle
+	scripttest.Driver // time, requests and fleet changes (the commands shared with the router's scripts)
+	t                 *testing.T
+	log               *Log
+	buf               *bytes.Buffer
+	external          bool // a role change outside the controller: the log is not the controller's alone
+	cfg               *config.Config
+	c                 *Controller
 }
 
-var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-
-func (d *driver) at(td *datadriven.TestData) time.Time {
-	if td.HasArg("at") {
-		var s float64
-		td.ScanArgs(d.t, "at", &s)
-		d.now = epoch.Add(time.Duration(s * float64(time.Second)))
-	}
-	return d.now
-}
+// epoch is time 0 of the controller's tests.
+var epoch = scripttest.Epoch
 
 func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 	var b strings.Builder
 	switch td.Cmd {
 	case "init":
 		d.init(td)
-	case "offer":
-		var id string
-		var o router.Offer
-		td.ScanArgs(t, "id", &id)
-		td.ScanArgs(t, "tokens", &o.PromptTokens)
-		td.MaybeScanArgs(t, "max", &o.MaxTokens)
-		o.ID = id
-		out := d.r.Offer(d.at(td), o)
-		d.handles[id] = out.Handle
-		fmt.Fprintf(&b, "%s: %s\n", id, outcome(out))
-	case "first", "complete", "cancel":
-		var id string
-		td.ScanArgs(t, "id", &id)
-		now, h := d.at(td), d.handles[id]
-		var err error
-		switch td.Cmd {
-		case "first":
-			err = d.r.FirstToken(now, h)
-		case "complete":
-			n := 0
-			td.MaybeScanArgs(t, "tokens", &n)
-			err = d.r.Complete(now, h, n)
-		case "cancel":
-			err = d.r.Cancel(now, h)
-		}
-		if err != nil {
-			fmt.Fprintf(&b, "error: %v\n", err)
-		}
 	case "tick":
-		now := d.at(td)
-		d.r.Tick(now)
+		now := d.At(td)
+		d.Router.Tick(now)
 		d.drain(&b)
 		d.evaluate(now, td.HasArg("verbose"), td.HasArg("refuse"), &b)
 	case "state": // the guards an acknowledged move sets
@@ -103,70 +64,28 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 		fmt.Fprintf(&b, "last_to_decode=%s window opened_at=%.3f closed=%t confirmations=%+v\n", last, d.c.win.openedAt, d.c.win.closed, d.c.conf)
 	case "role": // an operator's or another controller's move
 		d.external = true
-		var id, to string
-		td.ScanArgs(t, "id", &id)
-		td.ScanArgs(t, "to", &to)
-		now := d.at(td)
-		role, err := fleet.ParseRole(to)
-		if err == nil {
-			_, err = d.fleet.SetRole(id, role, now, "test")
-		}
-		if err != nil {
-			fmt.Fprintf(&b, "error: %v\n", err)
-		}
-		d.r.SetFleet(now, d.fleet.Snapshot())
+		d.Run(td, &b)
 	case "switch":
 		var id, result string
 		td.ScanArgs(t, "id", &id)
 		td.ScanArgs(t, "result", &result)
-		now := d.at(td)
+		now := d.At(td)
 		var err error
 		if result == string(fleet.SwitchAsked) {
-			_, err = d.fleet.AskSwitch(id, now, "test")
+			_, err = d.Fleet.AskSwitch(id, now, "test")
 		} else {
-			_, err = d.fleet.FinishSwitch(id, fleet.SwitchResult(result), now, "test")
+			_, err = d.Fleet.FinishSwitch(id, fleet.SwitchResult(result), now, "test")
 		}
 		if err != nil {
 			fmt.Fprintf(&b, "error: %v\n", err)
 		}
-		e, _ := d.fleet.Engine(id)
+		e, _ := d.Fleet.Engine(id)
 		fmt.Fprintf(&b, "%s: %s %s\n", id, e.Role, e.Lifecycle)
-		d.r.SetFleet(now, d.fleet.Snapshot())
-	case "add", "remove":
-		var id string
-		td.ScanArgs(t, "id", &id)
-		now := d.at(td)
-		var err error
-		if td.Cmd == "add" {
-			var role string
-			td.ScanArgs(t, "role", &role)
-			if role == "open" {
-				role = ""
-			}
-			_, err = d.fleet.Add(config.Engine{ID: id, Address: "10.0.9." + strconv.Itoa(len(d.fleet.Snapshot().Engines)+1) + ":8000",
-				Role: role, Profile: config.DefaultProfileName}, "test", now)
-		} else {
-			_, err = d.fleet.Remove(id, now, "test")
-		}
-		if err != nil {
-			fmt.Fprintf(&b, "error: %v\n", err)
-		}
-		d.r.SetFleet(now, d.fleet.Snapshot())
-	case "lifecycle":
-		var id, to string
-		td.ScanArgs(t, "id", &id)
-		td.ScanArgs(t, "to", &to)
-		now := d.at(td)
-		for _, l := range fleet.Lifecycles {
-			if l.String() == to {
-				if _, err := d.fleet.SetLifecycle(id, l, now, "test"); err != nil {
-					fmt.Fprintf(&b, "error: %v\n", err)
-				}
-			}
-		}
-		d.r.SetFleet(now, d.fleet.Snapshot())
+		d.Router.SetFleet(now, d.Fleet.Snapshot())
 	default:
-		t.Fatalf("%s: unknown command %q", td.Pos, td.Cmd)
+		if !d.Run(td, &b) {
+			t.Fatalf("%s: unknown command %q", td.Pos, td.Cmd)
+		}
 	}
 	d.drain(&b)
 	if b.Len() == 0 {
@@ -175,28 +94,18 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 	return b.String()
 }
 
-// drain hands the router's trigger to the controller and prints the router's outbox.
+// drain prints the router's output and hands its trigger to the controller.
 func (d *driver) drain(b *strings.Builder) {
-	out := d.r.Ready()
-	for _, o := range out.Outcomes {
-		for id, h := range d.handles {
-			if h == o.Handle {
-				fmt.Fprintf(b, "%s: %s\n", id, outcome(o))
-			}
-		}
-	}
-	if out.Urgent {
-		fmt.Fprintf(b, "trigger: %s projected_ttft=%.3f\n", out.Trigger.Request, out.Trigger.ProjectedTTFT)
+	if out := d.Output(b); out.Urgent {
 		d.c.Trigger(out.Trigger)
 	}
-	d.r.Advance()
 }
 
 // evaluate runs every evaluation due at now and applies its moves, as the live wrapper does;
 // with refuse the edge applies none (as when Live cannot persist them).
 func (d *driver) evaluate(now time.Time, verbose, refuse bool, b *strings.Builder) {
 	for !d.c.NextDeadline().After(now) {
-		dec, ok := d.c.Tick(now, d.fleet.Snapshot(), d.r)
+		dec, ok := d.c.Tick(now, d.Fleet.Snapshot(), d.Router)
 		if !ok {
 			return
 		}
@@ -237,7 +146,7 @@ func (d *driver) evaluate(now time.Time, verbose, refuse bool, b *strings.Builde
 			fmt.Fprintf(b, "  refused: %s %s\n", dec.Outcome, dec.Reason[strings.LastIndex(dec.Reason, "; ")+2:])
 		}
 		moves := len(dec.Moves)
-		ApplyDecision(d.fleet, d.r, &dec, now, nil) // as Live and the simulator apply it
+		ApplyDecision(d.Fleet, d.Router, &dec, now, nil) // as Live and the simulator apply it
 		d.c.Applied(dec)
 		if len(dec.Moves) != moves {
 			d.t.Fatalf("the fleet refused a move of decision %d: %s", dec.Seq, dec.Reason)
@@ -246,18 +155,8 @@ func (d *driver) evaluate(now time.Time, verbose, refuse bool, b *strings.Builde
 			fmt.Fprintf(b, "  move %s %s -> %s (%s)\n", m.Engine, m.From, m.To, dec.Switch)
 		}
 		d.log.Decision(&dec) // after its moves' fleet events, as Live logs it
-		d.r.SetFleet(now, d.fleet.Snapshot())
+		d.Router.SetFleet(now, d.Fleet.Snapshot())
 	}
-}
-
-func outcome(o router.Outcome) string {
-	switch o.Status {
-	case router.Waiting:
-		return "waiting"
-	case router.Dispatched:
-		return fmt.Sprintf("dispatched prefill=%s decode=%s ttft=%.3f", o.Placement.Prefill, o.Placement.Decode, o.Placement.ProjectedTTFT)
-	}
-	return fmt.Sprintf("rejected %s", o.Code)
 }
 
 func (d *driver) init(td *datadriven.TestData) {
@@ -336,10 +235,9 @@ func (d *driver) init(td *datadriven.TestData) {
 	d.buf, d.external = &bytes.Buffer{}, false
 	d.log = NewLog(d.buf, epoch, cfg, fl.Snapshot())
 	fl.OnChange(d.log.Fleet)
-	d.cfg, d.fleet, d.now = cfg, fl, epoch
-	d.r = router.New(cfg, fl.Snapshot(), epoch)
+	d.cfg = cfg
+	d.Start(d.t, fl, router.New(cfg, fl.Snapshot(), epoch))
 	d.c = New(cfg, epoch)
-	d.handles = map[string]router.Handle{}
 }
 
 // audit checks the decision log of the scenario that ran: the auditor finds nothing in any

@@ -16,6 +16,9 @@ import (
 // completions, failures, cancels, ticks and fleet changes, and checks after every step that the
 // conservation laws hold and that outcomes are well formed; at the end every request is
 // finished and nothing leaks: no residents, no reserved KV, no waiting work, no slots held.
+// epoch is time 0 of the router's tests (the scripts' too: internal/scripttest.Epoch).
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
 func TestConservationProperty(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		cfg := config.Default()
