@@ -13,6 +13,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/internal/poll"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -157,13 +158,7 @@ func TestMonitorVirtualTime(t *testing.T) {
 	interval := config.Seconds(h.IntervalS)
 	idle := func() { // wait until the loop has finished its pass and waits for the next
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for clock.pending() == 0 {
-			if time.Now().After(deadline) {
-				t.Fatal("monitor never waited for its next pass")
-			}
-			time.Sleep(50 * time.Microsecond)
-		}
+		poll.Until(t, 10*time.Second, "the monitor waiting for its next pass", func() bool { return clock.pending() > 0 })
 	}
 	passes := func(n int) {
 		for i := 0; i < n; i++ {

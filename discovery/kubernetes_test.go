@@ -21,6 +21,7 @@ import (
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/internal/kubetest"
+	"github.com/narwhal-llm/narwhal/internal/poll"
 )
 
 const ns = "llm"
@@ -60,7 +61,8 @@ func (c *cluster) get(t *testing.T, name string) *corev1.Pod {
 	return c.GetPod(t, ns, name)
 }
 
-var eventually = kubetest.Eventually
+// apiWait bounds what the API server and the watcher take to agree.
+const apiWait = 30 * time.Second
 
 func watcher(t *testing.T, c *cluster, user string, kc config.DiscoveryKubernetes) (*Kubernetes, *fleet.Fleet) {
 	t.Helper()
@@ -108,7 +110,7 @@ func TestKubernetesDiscovery(t *testing.T) {
 		slices.Sort(want)
 		return func() bool { got := members(f); slices.Sort(got); return slices.Equal(got, want) }
 	}
-	eventually(t, "three engines", is("p1@10.1.0.1:8000:prefill", "d1@10.1.0.2:8000:decode", "x1@10.1.0.3:8000:decode"))
+	poll.Until(t, apiWait, "three engines", is("p1@10.1.0.1:8000:prefill", "d1@10.1.0.2:8000:decode", "x1@10.1.0.3:8000:decode"))
 	if x, _ := f.Engine("x1"); !x.RoleOpen || x.Source != SourceKubernetes {
 		t.Fatalf("x1 = %+v", x)
 	}
@@ -116,20 +118,20 @@ func TestKubernetesDiscovery(t *testing.T) {
 	// d1 not Ready: it leaves. x1 deleted while on a node: terminating, it leaves.
 	c.SetReady(t, c.get(t, "d1"), "10.1.0.2", false)
 	c.DeletePod(t, ns, "x1")
-	eventually(t, "d1 and x1 gone", is("p1@10.1.0.1:8000:prefill"))
+	poll.Until(t, apiWait, "d1 and x1 gone", is("p1@10.1.0.1:8000:prefill"))
 	if c.get(t, "x1").DeletionTimestamp == nil {
 		t.Fatal("x1 is not terminating: the test does not test that")
 	}
 	// d1 Ready again at a new IP (a rescheduled pod of the same name): it joins there.
 	c.DeletePod(t, ns, "d1")
 	c.pod(t, "d1", "10.1.0.12", vllm("decode"), "")
-	eventually(t, "d1 at its new address", is("p1@10.1.0.1:8000:prefill", "d1@10.1.0.12:8000:decode"))
+	poll.Until(t, apiWait, "d1 at its new address", is("p1@10.1.0.1:8000:prefill", "d1@10.1.0.12:8000:decode"))
 
 	// The controller moves p1 to decode: the pod's label follows.
 	if _, err := f.SetRole("p1", fleet.Decode, time.Now(), "decision 3"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "p1's label written", func() bool { return c.get(t, "p1").Labels[config.LabelRole] == "decode" })
+	poll.Until(t, apiWait, "p1's label written", func() bool { return c.get(t, "p1").Labels[config.LabelRole] == "decode" })
 	if s := k.Status(); s.LabelWrites != 1 || s.LabelErrors != 0 {
 		t.Fatalf("status %+v", s)
 	}
@@ -141,7 +143,7 @@ func TestKubernetesDiscovery(t *testing.T) {
 	if _, err := c.Kube.CoreV1().Pods(ns).Patch(context.Background(), "d1", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "d1 relabelled", is("p1@10.1.0.1:8000:decode", "d1@10.1.0.12:8000:prefill"))
+	poll.Until(t, apiWait, "d1 relabelled", is("p1@10.1.0.1:8000:decode", "d1@10.1.0.12:8000:prefill"))
 	for len(evCh) > 0 {
 		evs = append(evs, <-evCh)
 	}
@@ -154,14 +156,14 @@ func TestKubernetesDiscovery(t *testing.T) {
 
 	// The API server goes away: placement keeps the membership, the status says so.
 	c.s.Stop()
-	eventually(t, "unreachable reported", func() bool { return k.Status().Unreachable != "" })
+	poll.Until(t, apiWait, "unreachable reported", func() bool { return k.Status().Unreachable != "" })
 	if got := members(f); len(got) != 2 {
 		t.Fatalf("membership lost while the API server is away: %v", got)
 	}
 	c.s.Restart()
 	c.pod(t, "d2", "10.1.0.4", vllm("decode"), "")
-	eventually(t, "d2 joins after the API server is back", is("p1@10.1.0.1:8000:decode", "d1@10.1.0.12:8000:prefill", "d2@10.1.0.4:8000:decode"))
-	eventually(t, "reachable again", func() bool { return k.Status().Unreachable == "" })
+	poll.Until(t, apiWait, "d2 joins after the API server is back", is("p1@10.1.0.1:8000:decode", "d1@10.1.0.12:8000:prefill", "d2@10.1.0.4:8000:decode"))
+	poll.Until(t, apiWait, "reachable again", func() bool { return k.Status().Unreachable == "" })
 }
 
 // An InferencePool names the members: its selector and target ports; a change of the pool is
@@ -184,7 +186,7 @@ func TestKubernetesInferencePool(t *testing.T) {
 	k, f := watcher(t, c, "narwhal", config.DiscoveryKubernetes{Namespace: ns, InferencePool: "llama", ResyncS: 300})
 	c.pod(t, "a", "10.2.0.1", map[string]string{"model": "llama", config.LabelRole: "prefill"}, "")
 	c.pod(t, "b", "10.2.0.2", map[string]string{"model": "mistral", config.LabelRole: "decode"}, "")
-	eventually(t, "a from the pool", func() bool { return slices.Equal(members(f), []string{"a@10.2.0.1:8000:prefill"}) })
+	poll.Until(t, apiWait, "a from the pool", func() bool { return slices.Equal(members(f), []string{"a@10.2.0.1:8000:prefill"}) })
 	// The pool now takes mistral pods on port 9000.
 	cur, err := pools.Get(context.Background(), "llama", metav1.GetOptions{})
 	if err != nil {
@@ -195,14 +197,14 @@ func TestKubernetesInferencePool(t *testing.T) {
 	if _, err := pools.Update(context.Background(), cur, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "b from the changed pool", func() bool { return slices.Equal(members(f), []string{"b@10.2.0.2:9000:decode"}) })
+	poll.Until(t, apiWait, "b from the changed pool", func() bool { return slices.Equal(members(f), []string{"b@10.2.0.2:9000:decode"}) })
 	if s := k.Status(); s.Selector != "model=mistral" || !slices.Equal(s.Ports, []int{9000}) {
 		t.Fatalf("status %+v", s)
 	}
 	if err := pools.Delete(context.Background(), "llama", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the missing pool reported", func() bool { return strings.Contains(k.Status().Error, "not found") })
+	poll.Until(t, apiWait, "the missing pool reported", func() bool { return strings.Contains(k.Status().Error, "not found") })
 	if got := members(f); len(got) != 1 {
 		t.Fatalf("a missing pool emptied the fleet: %v", got)
 	}
@@ -214,14 +216,14 @@ func TestKubernetesRBAC(t *testing.T) {
 	c.Grant(t, ns, "readonly", narwhalRules("get", "list", "watch")...)
 	k, f := watcher(t, c, "readonly", config.DiscoveryKubernetes{Namespace: ns, Selector: "app=vllm", Ports: []int{8000}, WriteRoleLabel: true, ResyncS: 300})
 	c.pod(t, "p1", "10.3.0.1", map[string]string{"app": "vllm", config.LabelRole: "prefill"}, "")
-	eventually(t, "p1 joins", func() bool { return len(members(f)) == 1 })
+	poll.Until(t, apiWait, "p1 joins", func() bool { return len(members(f)) == 1 })
 	if _, err := f.SetRole("p1", fleet.Decode, time.Now(), "decision 1"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the refused patch reported", func() bool { return strings.Contains(k.Status().LabelError, "forbidden to patch pods") })
+	poll.Until(t, apiWait, "the refused patch reported", func() bool { return strings.Contains(k.Status().LabelError, "forbidden to patch pods") })
 
 	nobody, _ := watcher(t, c, "nobody", config.DiscoveryKubernetes{Namespace: ns, Selector: "app=vllm", Ports: []int{8000}, ResyncS: 300})
-	eventually(t, "the refused watch reported", func() bool {
+	poll.Until(t, apiWait, "the refused watch reported", func() bool {
 		return strings.Contains(nobody.Status().WatchError, "forbidden to list and watch pods")
 	})
 }

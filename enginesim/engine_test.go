@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/internal/poll"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -123,18 +124,6 @@ func (te *testEngine) scrape(t testing.TB) map[string]float64 {
 		}
 	}
 	return out
-}
-
-// waitFor polls cond until it holds or 5 s pass.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 type response struct {
@@ -515,7 +504,7 @@ func TestClientCancelMidStream(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	waitFor(t, "the batch to empty", func() bool {
+	poll.Until(t, 5*time.Second, "the batch to empty", func() bool {
 		m := te.scrape(t)
 		return m["vllm:num_requests_running"] == 0 && m["vllm:kv_cache_usage_perc"] == 0 && m["enginesim_requests_cancelled_total"] == 1
 	})
@@ -540,15 +529,15 @@ func TestClientCancelWhileQueued(t *testing.T) {
 		}
 		errB <- err
 	}()
-	waitFor(t, "B to wait", func() bool { return te.scrape(t)["vllm:num_requests_waiting"] == 1 })
+	poll.Until(t, 5*time.Second, "B to wait", func() bool { return te.scrape(t)["vllm:num_requests_waiting"] == 1 })
 	cancelB()
 	if err := <-errB; err == nil {
 		t.Error("B finished although cancelled while queued")
 	}
-	waitFor(t, "the queue to empty", func() bool { return te.scrape(t)["vllm:num_requests_waiting"] == 0 })
+	poll.Until(t, 5*time.Second, "the queue to empty", func() bool { return te.scrape(t)["vllm:num_requests_waiting"] == 0 })
 	cancelA()
 	respA.Body.Close()
-	waitFor(t, "the batch to empty", func() bool { return te.scrape(t)["vllm:num_requests_running"] == 0 })
+	poll.Until(t, 5*time.Second, "the batch to empty", func() bool { return te.scrape(t)["vllm:num_requests_running"] == 0 })
 }
 
 // capture records the bodies a handler receives.

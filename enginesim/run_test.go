@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/narwhal-llm/narwhal/internal/poll"
 )
 
 func TestRunPortInUse(t *testing.T) {
@@ -45,7 +47,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: time.Second}
 	var health struct{ Status, Role string }
-	waitFor(t, "the engine to answer /health", func() bool {
+	poll.Until(t, 5*time.Second, "the engine to answer /health", func() bool {
 		resp, err := client.Get("http://" + addr + "/health")
 		if err != nil {
 			return false

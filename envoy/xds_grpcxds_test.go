@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/internal/poll"
 	"github.com/narwhal-llm/narwhal/wire"
 )
 
@@ -165,11 +166,9 @@ func TestGRPCXDSClient(t *testing.T) {
 	}
 
 	mustEngine(t)(f.SetRole("e3", fleet.Prefill, xdsEpoch, "decision 1"))
-	deadline := time.Now().Add(10 * time.Second)
-	for got := calls(10); got[2] != 0; got = calls(10) {
-		if time.Now().After(deadline) {
-			t.Fatalf("e3 still takes decode calls 10s after moving to prefill: %v", got)
-		}
+	var got [4]int64
+	if !poll.Within(10*time.Second, func() bool { got = calls(10); return got[2] == 0 }) {
+		t.Fatalf("e3 still takes decode calls 10s after moving to prefill: %v", got)
 	}
 	if got := calls(40); got != [4]int64{0, 40, 0, 0} {
 		t.Fatalf("calls per engine after the move %v: want all on e2", got)

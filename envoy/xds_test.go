@@ -29,6 +29,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/internal/logbuf"
+	"github.com/narwhal-llm/narwhal/internal/poll"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -324,7 +325,7 @@ func TestSotW(t *testing.T) {
 		t.Fatalf("an undrain that changes no assignment pushed %d responses, version %s", len(extra), ts.Stats().Version)
 	}
 	c.close()
-	waitFor(t, "the client to be gone", func() bool { return ts.Stats().Clients == 0 })
+	poll.Until(t, 10*time.Second, "the client to be gone", func() bool { return ts.Stats().Clients == 0 })
 }
 
 // metricValue reads the one metric of a collector.
@@ -357,17 +358,6 @@ func metricSeries(t testing.TB, reg *prometheus.Registry) string {
 		}
 	}
 	return strings.Join(out, ", ")
-}
-
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // deltaClient is a raw delta ADS client.
@@ -498,12 +488,12 @@ func TestReconnect(t *testing.T) {
 	eds := c.next()
 	c.ack(eds, allNames...)
 	c.close()
-	waitFor(t, "the client to be gone", func() bool { return ts.Stats().Clients == 0 })
+	poll.Until(t, 10*time.Second, "the client to be gone", func() bool { return ts.Stats().Clients == 0 })
 
 	for _, ch := range fleetChanges(t, f) {
 		ch.apply()
 	}
-	waitFor(t, "the last fleet version published", func() bool { return ts.Stats().FleetVersion == f.Version() })
+	poll.Until(t, 10*time.Second, "the last fleet version published", func() bool { return ts.Stats().FleetVersion == f.Version() })
 	for _, versions := range [][2]string{{cds.GetVersionInfo(), eds.GetVersionInfo()}, {"", ""}} {
 		c := dialSotw(t, ts.addr, "envoy-1")
 		c.send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: versions[0]})
@@ -633,7 +623,7 @@ func TestManyClientsConverge(t *testing.T) {
 		fls = append(fls, fl)
 		t.Cleanup(func() { fl.stop(); _ = conn.Close() })
 	}
-	waitFor(t, "100 clients at the first version", func() bool {
+	poll.Until(t, 10*time.Second, "100 clients at the first version", func() bool {
 		for _, fl := range fls {
 			if v, _ := fl.current(); v != "eds-1" {
 				return false
@@ -655,9 +645,9 @@ func TestManyClientsConverge(t *testing.T) {
 			mustEngine(t)(f.SetPinned(id, !e.Pinned, xdsEpoch, "burst"))
 		}
 	}
-	waitFor(t, "the last fleet version published", func() bool { return ts.Stats().FleetVersion == f.Version() })
+	poll.Until(t, 10*time.Second, "the last fleet version published", func() bool { return ts.Stats().FleetVersion == f.Version() })
 	want := ts.Stats().Version
-	waitFor(t, "every client at "+want, func() bool {
+	poll.Until(t, 10*time.Second, "every client at "+want, func() bool {
 		for _, fl := range fls {
 			if v, _ := fl.current(); v != want {
 				return false

@@ -12,6 +12,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
 	"github.com/narwhal-llm/narwhal/gateway"
+	"github.com/narwhal-llm/narwhal/internal/poll"
 	"github.com/narwhal-llm/narwhal/wire"
 )
 
@@ -113,30 +114,20 @@ func TestServeUrgentDroppedAndRetained(t *testing.T) {
 		defer y.Close()
 		_, _ = y.ProcessRequest(gateway.Request{Headers: hdrs, Body: strings.NewReader(long)})
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for getInt(t, admin, "waiting") != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the second request did not wait")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Until(t, 5*time.Second, "the second request waiting", func() bool { return getInt(t, admin, "waiting") == 1 })
 	cancel()
 	<-done
 	urgent := func(outcome string) decisionView {
 		t.Helper()
 		var found decisionView
-		deadline := time.Now().Add(5 * time.Second)
-		for found.Seq == 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("no urgent %s decision", outcome)
-			}
+		poll.Until(t, 5*time.Second, "an urgent "+outcome+" decision", func() bool {
 			for _, d := range getDecisions(t, admin) {
 				if d.Caller == "urgent" && d.Outcome == outcome {
 					found = d
 				}
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return found.Seq != 0
+		})
 		return found
 	}
 	urgent("dropped")

@@ -27,6 +27,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/internal/logbuf"
+	"github.com/narwhal-llm/narwhal/internal/poll"
 )
 
 var narwhalBin string
@@ -211,16 +212,11 @@ func useAdminTLS(t testing.TB, admin string, client *http.Client) {
 // waitFor polls the state until cond holds; it fails the test after limit.
 func waitFor(t testing.TB, admin string, limit time.Duration, what string, cond func(stateView) bool) stateView {
 	t.Helper()
-	deadline := time.Now().Add(limit)
 	var last stateView
 	var err error
-	for time.Now().Before(deadline) {
-		if last, err = getState(admin); err == nil && cond(last) {
-			return last
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !poll.Within(limit, func() bool { last, err = getState(admin); return err == nil && cond(last) }) {
+		t.Fatalf("%s: not within %v (last state %+v, err %v)", what, limit, last, err)
 	}
-	t.Fatalf("%s: not within %v (last state %+v, err %v)", what, limit, last, err)
 	return last
 }
 
@@ -461,6 +457,16 @@ func TestRunScriptMatchesDefault(t *testing.T) {
 // prefill, 2 decode), narwhal load's requests go through Narwhal, an engine killed is reported
 // and failed while the rest keep serving, and an interrupt stops every process.
 func TestRunScript(t *testing.T) {
+	// The script runs the embedded default, whose ports are fixed: a `make run` on this machine
+	// holds them, and this test must not take them from it (nor fail for it).
+	for _, addr := range []string{"127.0.0.1:9090", "127.0.0.1:9002", "127.0.0.1:18000", "127.0.0.1:8001",
+		"127.0.0.1:8002", "127.0.0.1:8003", "127.0.0.1:8004", "127.0.0.1:8080"} {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Skipf("%s is in use (a make run?): the script needs the embedded default's ports", addr)
+		}
+		_ = ln.Close()
+	}
 	script, err := filepath.Abs("../../scripts/run-local.sh")
 	if err != nil {
 		t.Fatal(err)
@@ -487,13 +493,9 @@ func TestRunScript(t *testing.T) {
 	}
 	// Engines start active as configured; the engines are really up once the health monitor's
 	// probes of each one succeed.
-	deadline := time.Now().Add(20 * time.Second)
-	for !probedOK(t, "127.0.0.1:9090", []string{"e1", "e2", "e3", "e4"}, 2) {
-		if time.Now().After(deadline) {
-			t.Fatal("the health monitor never saw all four engines answer")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	poll.Until(t, 20*time.Second, "the health monitor seeing all four engines answer", func() bool {
+		return probedOK(t, "127.0.0.1:9090", []string{"e1", "e2", "e3", "e4"}, 2)
+	})
 	if st, _ := getState("127.0.0.1:9090"); st.Split.Prefill != 2 || st.Split.Decode != 2 {
 		t.Fatalf("after probes: %+v", st)
 	}
@@ -527,10 +529,8 @@ func TestRunScript(t *testing.T) {
 	})
 	waitFor(t, "127.0.0.1:9090", 20*time.Second, "make run: requests still flowing", func(s stateView) bool { return s.Counters.Offers >= st.Counters.Offers+20 })
 	// (The engine finishes its in-flight streams before it exits.)
-	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(out.String(), "engine e4 (127.0.0.1:8004) exited"); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the script did not report e4's exit:\n%s", out.String())
-		}
+	if !poll.Within(20*time.Second, func() bool { return strings.Contains(out.String(), "engine e4 (127.0.0.1:8004) exited") }) {
+		t.Fatalf("the script did not report e4's exit:\n%s", out.String())
 	}
 	if strings.Contains(out.String(), "stopping the rest") {
 		t.Fatalf("the script stopped on e4's exit:\n%s", out.String())

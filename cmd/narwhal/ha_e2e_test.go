@@ -19,6 +19,7 @@ import (
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
 	"github.com/narwhal-llm/narwhal/gateway"
 	"github.com/narwhal-llm/narwhal/internal/etcdtest"
+	"github.com/narwhal-llm/narwhal/internal/poll"
 )
 
 func rolesOf(st stateView) map[string]string {
@@ -192,14 +193,11 @@ func TestHATakeoverFigures(t *testing.T) {
 	_, cfg := haFleet(t, ttl, "/narwhal-figures", "prefill", "decode")
 	leads := func(r replicaProc) {
 		t.Helper()
-		deadline := time.Now().Add(5 * ttl * time.Second)
-		for time.Now().Before(deadline) {
-			if st, err := getState(r.admin); err == nil && st.HA.Role == "leader" {
-				return
-			}
-			time.Sleep(5 * time.Millisecond) // polling another process's state; the figure's resolution
-		}
-		t.Fatal("no takeover")
+		// Polled every poll.Interval (5 ms): the figure's resolution.
+		poll.Until(t, 5*ttl*time.Second, "a takeover", func() bool {
+			st, err := getState(r.admin)
+			return err == nil && st.HA.Role == "leader"
+		})
 	}
 	leader, standby := startReplica(t, cfg, "leader"), startReplica(t, cfg, "standby")
 	var kills, terms []time.Duration
@@ -277,25 +275,19 @@ func TestServeHAEtcdDown(t *testing.T) {
 		t.Fatalf("drain: %d %v", code, err)
 	}
 	var last stateView
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		raw, err := http.Get("http://" + admin + "/narwhal/state")
-		if err == nil {
-			var st struct {
-				HA struct {
-					Role       string `json:"role"`
-					StateError string `json:"state_error"`
-				} `json:"ha"`
-			}
-			_ = jsonDecode(raw.Body, &st)
-			raw.Body.Close()
-			if st.HA.Role == "leader" && st.HA.StateError != "" {
-				last, _ = getState(admin)
-				break
-			}
+	poll.Within(10*time.Second, func() bool {
+		st, err := getStateAs[struct {
+			HA struct {
+				Role       string `json:"role"`
+				StateError string `json:"state_error"`
+			} `json:"ha"`
+		}](admin)
+		if err != nil || st.HA.Role != "leader" || st.HA.StateError == "" {
+			return false
 		}
-		time.Sleep(20 * time.Millisecond) // polling another process's state
-	}
+		last, _ = getState(admin)
+		return true
+	})
 	if last.HA.Role != "leader" {
 		t.Fatalf("no state error reported by a leader with etcd down:\n%s", a.out.String())
 	}

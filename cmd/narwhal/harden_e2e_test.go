@@ -21,6 +21,7 @@ import (
 	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
 	"github.com/narwhal-llm/narwhal/gateway"
+	"github.com/narwhal-llm/narwhal/internal/poll"
 )
 
 // TestShutdownAnswersWaiting (issue 7, finding 7): SIGTERM with 200 requests waiting. Readiness
@@ -71,12 +72,8 @@ engines:
 			results <- res.LocalReply
 		})
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for getInt(t, admin, "waiting") < waiting {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d waiting", getInt(t, admin, "waiting"))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !poll.Within(20*time.Second, func() bool { return getInt(t, admin, "waiting") >= waiting }) {
+		t.Fatalf("only %d waiting", getInt(t, admin, "waiting"))
 	}
 	code, took := srv.stop(t)
 	wg.Wait()

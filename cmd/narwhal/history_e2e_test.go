@@ -9,6 +9,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/controller"
 	"github.com/narwhal-llm/narwhal/history"
+	"github.com/narwhal-llm/narwhal/internal/poll"
 )
 
 func getHistory(t *testing.T, adminAddr, since string) (history.Document[controller.Decision], int) {
@@ -45,16 +46,12 @@ func TestServeHistory(t *testing.T) {
 	}
 	drained := time.Now()
 	var h history.Document[controller.Decision]
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	if !poll.Within(10*time.Second, func() bool {
 		h, _ = getHistory(t, adminAddr, "")
-		if n := len(h.Samples); n == 8 && h.Samples[n-1].T.After(drained) && h.Samples[n-1].Engines[3].Lifecycle == "draining" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("history: %d samples, capacity %+v", len(h.Samples), h.Capacity)
-		}
-		time.Sleep(50 * time.Millisecond) // polling another process's ring
+		n := len(h.Samples)
+		return n == 8 && h.Samples[n-1].T.After(drained) && h.Samples[n-1].Engines[3].Lifecycle == "draining"
+	}) {
+		t.Fatalf("history: %d samples, capacity %+v", len(h.Samples), h.Capacity)
 	}
 	last := h.Samples[len(h.Samples)-1]
 	if h.Capacity != (history.Capacity{Samples: 8, Decisions: 4}) || h.IntervalS != 0.05 || last.Prefill != 2 || last.Decode != 1 || len(last.Engines) != 4 || !last.Engines[3].Drained {

@@ -12,6 +12,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 
 	"github.com/narwhal-llm/narwhal/internal/kubetest"
+	"github.com/narwhal-llm/narwhal/internal/poll"
 )
 
 // TestKubernetesServeEndToEnd: narwhal serve with no engines in its config, taking them from
@@ -127,16 +128,15 @@ func TestKubernetesServeHAAPIServerDown(t *testing.T) {
 			StateError string `json:"state_error"`
 		} `json:"ha"`
 	}
-	deadline := time.Now().Add(3 * ttl * time.Second)
-	for time.Now().Before(deadline) && !(st.HA.Role == "leader" && strings.Contains(st.HA.StateError, "unreachable")) {
-		time.Sleep(50 * time.Millisecond) // polling another process's state
+	poll.Within(3*ttl*time.Second, func() bool {
 		st, _ = getStateAs[struct {
 			HA struct {
 				Role       string `json:"role"`
 				StateError string `json:"state_error"`
 			} `json:"ha"`
 		}](ar.admin)
-	}
+		return st.HA.Role == "leader" && strings.Contains(st.HA.StateError, "unreachable")
+	})
 	if st.HA.Role != "leader" || !strings.Contains(st.HA.StateError, "unreachable") {
 		t.Fatalf("a leader with the API server away: %+v\n%s", st.HA, ar.p.out.String())
 	}

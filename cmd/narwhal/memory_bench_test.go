@@ -15,6 +15,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
 	"github.com/narwhal-llm/narwhal/gateway"
+	"github.com/narwhal-llm/narwhal/internal/poll"
 )
 
 // rssBytes reads a process's resident set size from /proc.
@@ -88,21 +89,10 @@ engines:
 			}
 		}
 		run(inFlight, &placed)
-		deadline := time.Now().Add(5 * time.Minute)
-		for st := getInt(b, admin, "prefilling"); st < inFlight; st = getInt(b, admin, "prefilling") {
-			if time.Now().After(deadline) {
-				b.Fatalf("only %d in flight", st)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		poll.Until(b, 5*time.Minute, fmt.Sprintf("%d in flight", inFlight), func() bool { return getInt(b, admin, "prefilling") >= inFlight })
 		mid := rssBytes(b, srv.cmd.Process.Pid)
 		run(waiting, &held)
-		for st := getInt(b, admin, "waiting"); st < waiting; st = getInt(b, admin, "waiting") {
-			if time.Now().After(deadline) {
-				b.Fatalf("only %d waiting", st)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		poll.Until(b, 5*time.Minute, fmt.Sprintf("%d waiting", waiting), func() bool { return getInt(b, admin, "waiting") >= waiting })
 		end := rssBytes(b, srv.cmd.Process.Pid)
 		m := goMetrics(b, admin)
 		b.ReportMetric(m["go_memstats_heap_inuse_bytes"]/(inFlight+waiting), "heap-B/req")

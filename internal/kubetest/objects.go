@@ -15,6 +15,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
+
+	"github.com/narwhal-llm/narwhal/internal/poll"
 )
 
 // Clients are an administrator's clients of a Server.
@@ -69,7 +71,7 @@ func (c Clients) InstallCRD(t testing.TB, path string) {
 	if _, err := crds.Create(context.Background(), u, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	Eventually(t, "CRD "+u.GetName()+" established", func() bool {
+	poll.Until(t, 30*time.Second, "CRD "+u.GetName()+" established", func() bool {
 		got, err := crds.Get(context.Background(), u.GetName(), metav1.GetOptions{})
 		if err != nil {
 			return false
@@ -124,17 +126,5 @@ func (c Clients) DeletePod(t testing.TB, ns, name string) {
 	t.Helper()
 	if err := c.Kube.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// Eventually polls cond until it holds, 30 s at most.
-func Eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 30 s: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
