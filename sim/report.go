@@ -462,11 +462,7 @@ func RunSweep(cfg *config.Config, reqs []Request, o Options, scales []float64) (
 				break
 			}
 		}
-		scaled := make([]Request, len(reqs))
-		for i, q := range reqs {
-			q.ArrivalS /= k
-			scaled[i] = q
-		}
+		scaled, _ := ScaleRate(reqs, nil, k)
 		oo := o
 		oo.DurationS = 0
 		oo.Changes = nil

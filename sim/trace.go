@@ -102,6 +102,25 @@ func ReadTrace(r io.Reader, limit int) ([]Request, error) {
 	return out, nil
 }
 
+// ScaleRate returns copies of a workload's requests and changes with time compressed by k (2:
+// twice the rate): every arrival and change time divided by k.
+func ScaleRate(reqs []Request, changes []Change, k float64) ([]Request, []Change) {
+	rs := make([]Request, len(reqs))
+	for i, q := range reqs {
+		q.ArrivalS /= k
+		rs[i] = q
+	}
+	var cs []Change
+	if changes != nil {
+		cs = make([]Change, len(changes))
+		for i, c := range changes {
+			c.AtS /= k
+			cs[i] = c
+		}
+	}
+	return rs, cs
+}
+
 // Spread spreads the requests of a trace whose arrivals are quantised to a grid of gridS
 // seconds (the Mooncake conversation trace's 3 s slots): each slot's requests get seeded uniform
 // arrivals within the slot, in their order. It returns the requests re-sorted by arrival.

@@ -38,3 +38,19 @@ func TestLoadSharedTraces(t *testing.T) {
 		}
 	}
 }
+
+// ScaleRate compresses time in copies: the workload given is left as it was.
+func TestScaleRate(t *testing.T) {
+	reqs := []Request{{ArrivalS: 2, InputTokens: 10}, {ArrivalS: 6, InputTokens: 20}}
+	changes := []Change{{AtS: 4, Direction: "up"}}
+	rs, cs := ScaleRate(reqs, changes, 2)
+	if rs[0].ArrivalS != 1 || rs[1].ArrivalS != 3 || rs[1].InputTokens != 20 || cs[0].AtS != 2 || cs[0].Direction != "up" {
+		t.Fatalf("scaled %+v %+v", rs, cs)
+	}
+	if reqs[1].ArrivalS != 6 || changes[0].AtS != 4 {
+		t.Fatalf("the input changed: %+v %+v", reqs, changes)
+	}
+	if _, cs := ScaleRate(reqs, nil, 2); cs != nil {
+		t.Fatalf("no changes in, %v out", cs)
+	}
+}

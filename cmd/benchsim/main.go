@@ -99,15 +99,7 @@ func main() {
 				at = r.RateScale
 			}
 		}
-		scaled := make([]sim.Request, len(w.reqs))
-		for i, q := range w.reqs {
-			q.ArrivalS /= at
-			scaled[i] = q
-		}
-		changes := append([]sim.Change(nil), w.changes...)
-		for i := range changes {
-			changes[i].AtS /= at
-		}
+		scaled, changes := sim.ScaleRate(w.reqs, w.changes, at)
 		o.Changes = changes
 		rep, err := sim.Simulate(cfg, scaled, o)
 		if err != nil {

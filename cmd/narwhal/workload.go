@@ -75,12 +75,7 @@ func (w *workload) requests(cmd string, scale bool) ([]sim.Request, []sim.Change
 		notes = append(notes, fmt.Sprintf("arrivals sharing a time were spread uniformly over the %g s that follows it (seed %d)", w.spreadS, w.seed))
 	}
 	if scale {
-		for i := range reqs {
-			reqs[i].ArrivalS /= w.rateScale
-		}
-		for i := range changes {
-			changes[i].AtS /= w.rateScale
-		}
+		reqs, changes = sim.ScaleRate(reqs, changes, w.rateScale)
 	}
 	return reqs, changes, notes, nil
 }
