@@ -1,0 +1,401 @@
+package router
+
+// The FIFO completion projection: the request store, the engines' pools, when each engine is
+// free, the prefix-affinity match, the plan and commit of a placement, and the pump that
+// dispatches the head of the waiting set.
+
+import (
+	"math"
+
+	"github.com/narwhal-llm/narwhal/fleet"
+)
+
+func (r *Router) alloc() int32 {
+	if n := len(r.free); n > 0 {
+		s := r.free[n-1]
+		r.free = r.free[:n-1]
+		return s
+	}
+	r.slots = append(r.slots, entry{})
+	return int32(len(r.slots) - 1)
+}
+
+// release frees a slot; its handle goes stale.
+func (r *Router) release(slot int32) {
+	e := &r.slots[slot]
+	*e = entry{gen: e.gen + 1}
+	r.free = append(r.free, slot)
+}
+
+func (r *Router) lookup(h Handle) (*entry, int32, error) {
+	s := h.slot()
+	if h == 0 || s < 0 || int(s) >= len(r.slots) {
+		return nil, 0, ErrUnknownRequest
+	}
+	e := &r.slots[s]
+	if e.gen != h.gen() || e.phase == phaseFree {
+		return nil, 0, ErrUnknownRequest
+	}
+	return e, s, nil
+}
+
+// dispatched looks up a request that must be in flight (prefilling or decoding).
+func (r *Router) dispatched(h Handle) (*entry, int32, error) {
+	e, slot, err := r.lookup(h)
+	if err == nil && e.phase != phasePrefilling && e.phase != phaseDecoding {
+		err = ErrPhase
+	}
+	return e, slot, err
+}
+
+func (r *Router) countLivePrefill() (n int) {
+	for i := range r.engines {
+		if e := &r.engines[i]; e.role == fleet.Prefill && e.canPrefill() {
+			n++
+		}
+	}
+	return n
+}
+
+// rebuildPools recomputes the prefill and decode pools after a fleet or fallback change.
+func (r *Router) rebuildPools() {
+	r.prefillPool, r.decodePool = r.prefillPool[:0], r.decodePool[:0]
+	r.livePrefill = 0
+	for i := range r.engines {
+		e := &r.engines[i]
+		switch {
+		case e.role == fleet.Prefill && e.canPrefill():
+			r.livePrefill++
+			if r.fallback < 0 {
+				r.prefillPool = append(r.prefillPool, int16(i))
+			}
+		case e.role == fleet.Decode && e.live && e.prof.Decode != nil && i != int(r.fallback):
+			r.decodePool = append(r.decodePool, int16(i))
+		}
+	}
+	if r.fallback >= 0 {
+		r.prefillPool = append(r.prefillPool, r.fallback)
+	}
+}
+
+// projectTail is the FIFO completion projection of one more request at the tail of the waiting
+// set: the candidate engine on which it completes first, its prefill seconds there, and the
+// completion time. Prefix blocks an engine holds count as saved prefill work.
+func (r *Router) projectTail(t float64, tokens int, prefix []uint64) (best int, dur, done float64) {
+	cached := r.matchPrefix(prefix)
+	best, done = -1, math.Inf(1)
+	for _, i16 := range r.prefillPool {
+		i := int(i16)
+		e := &r.engines[i]
+		d := e.prefillSeconds(tokens - cached(i))
+		free := r.prefillFree(t, i)
+		if i == int(r.fallback) && r.fallbackPending > 0 {
+			free = max(free, r.fallbackDrain, t+e.stepSeconds(e.streams, e.kv))
+		}
+		if c := free + e.waitWork + d; c < done {
+			best, dur, done = i, d, c
+		}
+	}
+	r.resetPrefix()
+	return best, dur, done
+}
+
+// prefillFree is when engine i can start new prefill work (docs/role-control.md section 3, one
+// projection for placement, admission, the urgent trigger and Price): after the prefill work
+// dispatched to it and, for a prefill engine that still streams decode residents (a donor just
+// moved from decode), their remaining decode work too — the sum of the two.
+func (r *Router) prefillFree(t float64, i int) float64 {
+	if e := &r.engines[i]; e.role != fleet.Prefill {
+		return max(t, e.busyUntil)
+	}
+	return r.freeAt(t, i)
+}
+
+// freeAt is prefillFree for any engine, whatever its role (Price asks it of a decode engine
+// priced as prefill): its dispatched prefill work, plus its decode residents' remaining work.
+func (r *Router) freeAt(t float64, i int) float64 {
+	e := &r.engines[i]
+	free := max(t, e.busyUntil)
+	if e.streams == 0 {
+		return free
+	}
+	if !e.drainOK { // projected when its residents last changed
+		e.drainAt, e.drainOK = t, true
+		for k := range r.slots {
+			if s := &r.slots[k]; int(s.decode) == i {
+				e.drainAt = max(e.drainAt, r.residentEnd(t, s))
+			}
+		}
+	}
+	return free + max(0, e.drainAt-t)
+}
+
+// refreshDrains brings every engine's projected drain (freeAt's drainAt) up to date in one walk
+// of the entries: Snapshot reads every engine's, and freeAt alone walks them once an engine.
+func (r *Router) refreshDrains(t float64) {
+	stale := false
+	for i := range r.engines {
+		if e := &r.engines[i]; e.streams > 0 && !e.drainOK {
+			e.drainAt, stale = t, true
+		}
+	}
+	if !stale {
+		return
+	}
+	for k := range r.slots {
+		s := &r.slots[k]
+		if d := int(s.decode); d >= 0 && d < len(r.engines) {
+			if e := &r.engines[d]; e.streams > 0 && !e.drainOK {
+				e.drainAt = max(e.drainAt, r.residentEnd(t, s))
+			}
+		}
+	}
+	for i := range r.engines {
+		if e := &r.engines[i]; e.streams > 0 {
+			e.drainOK = true
+		}
+	}
+}
+
+// residentEnd projects when a dispatched request finishes decoding on its decode engine: its
+// expected output tokens (less those already produced) at the engine's current step time.
+// Other entries give t.
+func (r *Router) residentEnd(t float64, e *entry) float64 {
+	if e.phase != phasePrefilling && e.phase != phaseDecoding {
+		return t
+	}
+	d := &r.engines[e.decode]
+	step := d.stepSeconds(d.streams, d.kv)
+	begin, left := max(e.projFirst, t), float64(e.output)
+	if e.phase == phaseDecoding {
+		begin, left = t, max(1, left-(t-e.firstAt)/step)
+	}
+	return begin + left*step
+}
+
+// matchPrefix looks the prefix up in the affinity index and returns the cached tokens per engine.
+func (r *Router) matchPrefix(prefix []uint64) func(int) int {
+	if r.aff == nil || len(prefix) == 0 {
+		return noCache
+	}
+	r.aff.match(prefix)
+	return r.aff.cachedTokens
+}
+
+func noCache(int) int { return 0 }
+
+func (r *Router) resetPrefix() {
+	if r.aff != nil {
+		r.aff.reset()
+	}
+}
+
+// bestDecode is the live decode engine with the lowest projected seconds per token for one
+// more stream reserving need KV tokens, among those within stream and KV capacity; a prepared
+// donor (Prepare) only when no other fits. With mustFit false and none within capacity it
+// returns the lowest of all (for projections); -1 when none.
+func (r *Router) bestDecode(need int64, mustFit bool) int {
+	best, bestTier := -1, -1
+	step := math.Inf(1)
+	for _, i16 := range r.decodePool {
+		i := int(i16)
+		e := &r.engines[i]
+		tier := 0 // 2: fits; 1: fits but prepared; 0: beyond capacity
+		if e.fits(need) {
+			tier = 1
+			if !e.prepared {
+				tier = 2
+			}
+		}
+		if mustFit && tier == 0 {
+			continue
+		}
+		s := e.stepSeconds(e.streams+1, e.kv+need)
+		if tier > bestTier || (tier == bestTier && s < step) {
+			best, bestTier, step = i, tier, s
+		}
+	}
+	return best
+}
+
+// Prepare marks the decode engine id as a donor being prepared for a move to prefill (the
+// controller's decision names it, docs/role-control.md, "Preparing a donor"): new streams go to
+// the other decode engines whenever one of them has room, so its residents drain below
+// controller.thresholds.flip_resident_guard. At most one engine is prepared; "" (or an engine
+// that is not a live decode engine) prepares none. Placement only: pricing, pools and residents
+// are unchanged.
+func (r *Router) Prepare(id string) {
+	for i := range r.engines {
+		e := &r.engines[i]
+		e.prepared = e.id == id && e.role == fleet.Decode && e.live
+	}
+}
+
+// enqueue puts an admitted offer at the tail of the waiting set with its projected engine.
+func (r *Router) enqueue(slot int32, h Handle, tail int, tailDur float64) {
+	e := &r.slots[slot]
+	e.phase = phaseWaiting
+	e.tailEngine, e.tailDur = int16(tail), tailDur
+	if tail >= 0 {
+		r.engines[tail].waitWork += tailDur
+	}
+	r.waiting.push(h)
+	r.nWaiting++
+	r.waitingTokens += e.prompt
+}
+
+// unqueue takes a waiting entry out of the waiting-set accounting (the ring skips it later).
+func (r *Router) unqueue(e *entry) {
+	if e.tailEngine >= 0 {
+		w := &r.engines[e.tailEngine]
+		w.waitWork = max(0, w.waitWork-e.tailDur)
+	}
+	e.tailEngine = -1
+	r.nWaiting--
+	r.waitingTokens -= e.prompt
+}
+
+// reproject recomputes the waiting-set projection from scratch (a pool changed).
+func (r *Router) reproject(t float64) {
+	for i := range r.engines {
+		r.engines[i].waitWork = 0
+	}
+	for h := range r.waiting.all() {
+		e, _, err := r.lookup(h)
+		if err != nil || e.phase != phaseWaiting {
+			continue
+		}
+		tail, dur, _ := r.projectTail(t, int(e.prompt), e.prefix)
+		e.tailEngine, e.tailDur = int16(tail), dur
+		if tail >= 0 {
+			r.engines[tail].waitWork += dur
+		}
+	}
+}
+
+// plan is a placement decided but not yet applied.
+type plan struct {
+	p, d       int
+	start, dur float64
+	first      float64 // projected first-token time
+	need       int64
+}
+
+// plan picks the engines for one request if an engine has room: the prefill engine on which it
+// completes first among those under prefill_concurrency (prefix blocks it holds are saved
+// work), and the decode engine with the lowest projected seconds per token within capacity; or
+// the fallback engine for both once it has drained.
+func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64) (plan, bool) {
+	pl := plan{p: -1, d: -1, need: need}
+	if r.fallback >= 0 {
+		fb := &r.engines[r.fallback]
+		if r.fallbackPending > 0 || fb.prefilling >= fb.prof.PrefillConcurrency || !fb.fits(need) {
+			return pl, false // capacity holds on the fallback as everywhere (issue 8)
+		}
+		pl.p, pl.d = int(r.fallback), int(r.fallback)
+		pl.dur, pl.start = fb.prefillSeconds(prompt), max(t, fb.busyUntil)
+		pl.first = pl.start + pl.dur
+		return pl, true
+	}
+	cached := r.matchPrefix(prefix)
+	done := math.Inf(1)
+	for _, i16 := range r.prefillPool {
+		i := int(i16)
+		c := &r.engines[i]
+		if c.prefilling >= c.prof.PrefillConcurrency {
+			continue
+		}
+		// An engine just moved to prefill may still hold decode streams whose KV is on its way
+		// (their prefill ran elsewhere): an engine that runs prefill before decode would make
+		// their first token wait behind every prefill placed on it. It takes prefill work once
+		// they have their first token (docs/role-control.md, section 7).
+		if c.streams > c.decoding {
+			continue
+		}
+		dd := c.prefillSeconds(prompt - cached(i))
+		if s := r.prefillFree(t, i); s+dd < done {
+			pl.p, pl.dur, pl.start, done = i, dd, s, s+dd
+		}
+	}
+	r.resetPrefix()
+	if pl.p < 0 {
+		return pl, false
+	}
+	if pl.d = r.bestDecode(need, true); pl.d < 0 {
+		return pl, false
+	}
+	de := &r.engines[pl.d]
+	pl.first = pl.start + pl.dur + r.engines[pl.p].prof.KVTransferS + de.stepSeconds(de.streams+1, de.kv+need)
+	return pl, true
+}
+
+// commit applies a plan to an admitted or waiting request.
+func (r *Router) commit(t float64, slot int32, pl plan) Placement {
+	e := &r.slots[slot]
+	if e.phase == phaseWaiting {
+		r.unqueue(e)
+	}
+	pe, de := &r.engines[pl.p], &r.engines[pl.d]
+	pe.prefilling++
+	pe.queued += pl.dur
+	pe.busyUntil = max(t, pe.busyUntil) + pl.dur
+	e.mixed = pe.streams > 0 && pl.p != pl.d
+	de.streams++
+	de.kv += pl.need
+	de.drainOK = false
+	kind := Disaggregated
+	if pl.p == pl.d {
+		kind = Aggregate
+		r.counters.Dispatched.Aggregate++
+	} else {
+		r.counters.Dispatched.Disaggregated++
+	}
+	e.phase, e.aggregate = phasePrefilling, kind == Aggregate
+	e.prefill, e.decode = int16(pl.p), int16(pl.d)
+	e.dispatchAt, e.dur, e.kv, e.projFirst = t, pl.dur, pl.need, pl.first
+	step := de.stepSeconds(de.streams, de.kv)
+	e.handoff = pl.first - pl.start - pl.dur
+	e.curveDur, e.curveStep = pl.dur/pe.corr[0], step/de.corr[1]
+	e.seq = r.seq
+	r.seq++
+	r.nPrefilling++
+	if r.aff != nil && len(e.prefix) > 0 {
+		r.aff.record(e.prefix, int16(pl.p))
+	}
+	e.prefix = nil
+	if e.nonStream {
+		r.unary.push(pl.start+pl.dur, uint64(makeHandle(slot, e.gen)))
+	} else {
+		r.inFlight.push(makeHandle(slot, e.gen))
+	}
+	return Placement{
+		Kind: kind, Prefill: pe.id, Decode: de.id, PrefillAddr: pe.addr, DecodeAddr: de.addr,
+		ProjectedTTFT: e.projFirst - e.arrival,
+	}
+}
+
+// pump dispatches from the head of the waiting set, in strict FIFO order, while engines have
+// room; each dispatch goes to the outbox.
+func (r *Router) pump(t float64) {
+	for r.nWaiting > 0 {
+		h, _ := r.waiting.peek()
+		e, slot, err := r.lookup(h)
+		if err != nil || e.phase != phaseWaiting {
+			r.waiting.pop()
+			continue
+		}
+		pl, ok := r.plan(t, int(e.prompt), e.prompt+e.output, e.prefix)
+		if !ok {
+			return
+		}
+		r.waiting.pop()
+		r.outbox = append(r.outbox, Outcome{Handle: h, Status: Dispatched, Placement: r.commit(t, slot, pl)})
+	}
+	for r.waiting.len() > 0 { // drop stale handles left at the head
+		h, _ := r.waiting.peek()
+		if e, _, err := r.lookup(h); err == nil && e.phase == phaseWaiting {
+			return
+		}
+		r.waiting.pop()
+	}
+}
