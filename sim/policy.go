@@ -127,9 +127,24 @@ type plannerMove struct {
 	to     fleet.Role
 }
 
-// evaluate is one planner pass at now.
+// evaluate is one planner pass at now: the load measure, then the move rule.
 func (p *planner) evaluate(now time.Time, r *router.Router, fl fleet.Snapshot, engines []*simEngine) []plannerMove {
 	p.next = now.Add(config.Seconds(p.cfg.Controller.Reactive.StepS))
+	pre, dec := p.measure(now, r, fl, engines)
+	return p.decide(pre, dec)
+}
+
+// plannerPool is one pool's live engines and each one's load against its SLO (1: at the SLO).
+type plannerPool struct {
+	ids   []string
+	loads []float64
+}
+
+// measure is the planner's load measure: a prefill engine's projected TTFT for a request of the
+// mean prompt arriving now, behind its dispatched work and its share of the waiting set, over
+// slo.ttft_s; a decode engine's step time with one more stream than it decodes now, over
+// slo.tpot_s.
+func (p *planner) measure(now time.Time, r *router.Router, fl fleet.Snapshot, engines []*simEngine) (pre, dec plannerPool) {
 	snap := r.Snapshot(now)
 	loads := map[string]router.EngineLoad{}
 	for _, l := range snap.Engines {
@@ -139,17 +154,12 @@ func (p *planner) evaluate(now time.Time, r *router.Router, fl fleet.Snapshot, e
 	if d := snap.Demand.Priced; d.ArrivalsPerS > 0 {
 		meanPrompt = d.PromptTokensPerS / d.ArrivalsPerS
 	}
-	// Each engine's load against its SLO: a prefill engine's projected TTFT for a request of
-	// the mean prompt arriving now, behind its dispatched work and its share of the waiting
-	// set; a decode engine's step time with its residents now.
 	prefillEngines := 0
 	for _, e := range fl.Engines {
 		if e.Live() && e.Role == fleet.Prefill {
 			prefillEngines++
 		}
 	}
-	var pre, dec []float64
-	var preIDs, decIDs []string
 	byID := map[string]*simEngine{}
 	for _, e := range engines {
 		byID[e.id] = e
@@ -167,62 +177,74 @@ func (p *planner) evaluate(now time.Time, r *router.Router, fl fleet.Snapshot, e
 			one := prof.Prefill.Seconds(int(meanPrompt))
 			share := float64(snap.Retained.Waiting) * one / float64(max(prefillEngines, 1))
 			ttft := loads[e.ID].BusyUntilS + share + one + prof.KVTransferS
-			pre, preIDs = append(pre, ttft/p.cfg.SLO.TTFTS), append(preIDs, e.ID)
+			pre.ids, pre.loads = append(pre.ids, e.ID), append(pre.loads, ttft/p.cfg.SLO.TTFTS)
 		case fleet.Decode:
 			if prof.Decode == nil {
 				continue
 			}
 			streams, kv := byID[e.ID].m.Decoding()
-			dec, decIDs = append(dec, prof.Decode.StepSeconds(streams+1, kv)/p.cfg.SLO.TPOTS), append(decIDs, e.ID)
+			dec.ids, dec.loads = append(dec.ids, e.ID), append(dec.loads, prof.Decode.StepSeconds(streams+1, kv)/p.cfg.SLO.TPOTS)
 		}
 	}
-	all := func(xs []float64) bool {
-		for _, x := range xs {
-			if x <= 1 {
-				return false
-			}
-		}
-		return len(xs) > 0
-	}
-	canShrink := func(xs []float64) bool {
-		n := float64(len(xs))
-		if len(xs) < 2 {
+	return pre, dec
+}
+
+// overloaded reports whether every engine of the pool (and there is one) is over its SLO.
+func (pl plannerPool) overloaded() bool {
+	for _, x := range pl.loads {
+		if x <= 1 {
 			return false
 		}
-		sum := 0.0
-		for _, x := range xs {
-			sum += x
-		}
-		return sum/n*n/(n-1) < 0.8
 	}
-	lightest := func(ids []string, xs []float64) string {
-		best := -1
-		for i := range ids {
-			if best < 0 || xs[i] < xs[best] || xs[i] == xs[best] && ids[i] < ids[best] {
-				best = i
-			}
-		}
-		return ids[best]
+	return len(pl.loads) > 0
+}
+
+// canShrink reports whether the pool could lose an engine with its mean load × N/(N−1) still
+// under 0.8 × the SLO.
+func (pl plannerPool) canShrink() bool {
+	n := float64(len(pl.loads))
+	if len(pl.loads) < 2 {
+		return false
 	}
+	sum := 0.0
+	for _, x := range pl.loads {
+		sum += x
+	}
+	return sum/n*n/(n-1) < 0.8
+}
+
+// lightest is the engine with the lowest load (the first id on a tie).
+func (pl plannerPool) lightest() string {
+	best := -1
+	for i := range pl.ids {
+		if best < 0 || pl.loads[i] < pl.loads[best] || pl.loads[i] == pl.loads[best] && pl.ids[i] < pl.ids[best] {
+			best = i
+		}
+	}
+	return pl.ids[best]
+}
+
+// decide is the planner's move rule on measured pools: an engine into a pool all of whose
+// engines are over the SLO, the lightest of the other pool, above its floor; else a borrowed
+// engine back from a pool that can shrink, above its floor.
+func (p *planner) decide(pre, dec plannerPool) []plannerMove {
 	minP, minD := max(p.cfg.Controller.MinPrefill, 1), max(p.cfg.Controller.MinDecode, 1)
 	switch {
-	case all(pre) && len(dec) > minD:
-		id := lightest(decIDs, dec)
+	case pre.overloaded() && len(dec.ids) > minD:
+		id := dec.lightest()
 		p.borrow(id, fleet.Prefill)
 		return []plannerMove{{id, fleet.Prefill}}
-	case all(dec) && len(pre) > minP:
-		id := lightest(preIDs, pre)
+	case dec.overloaded() && len(pre.ids) > minP:
+		id := pre.lightest()
 		p.borrow(id, fleet.Decode)
 		return []plannerMove{{id, fleet.Decode}}
 	}
-	// Give back a borrowed engine once the pool holding it can shrink.
 	for _, pool := range []struct {
 		role fleet.Role
-		ids  []string
-		xs   []float64
-		min  int
-	}{{fleet.Prefill, preIDs, pre, minP}, {fleet.Decode, decIDs, dec, minD}} {
-		if len(pool.ids) <= pool.min || !canShrink(pool.xs) {
+		plannerPool
+		min int
+	}{{fleet.Prefill, pre, minP}, {fleet.Decode, dec, minD}} {
+		if len(pool.ids) <= pool.min || !pool.canShrink() {
 			continue
 		}
 		for _, id := range pool.ids {
