@@ -323,8 +323,48 @@ func inPlaceWorst(trans, target, drainS, dwellS float64) float64 {
 func (c *Controller) evaluateRegular(s *state) Decision {
 	d := c.base(s, CallerRegular)
 	th := c.cfg.Thresholds
-	// The current split and both adjacent ones, priced together; for a donor that switches in
-	// place, also the split without it (while it drains).
+	rp := c.priceRegular(s)
+	d.Candidates = append(d.Candidates, priced(s.cur, rp.current, true, ""))
+	conf := c.countMotives(rp.current)
+	d.Confirmations = &conf
+	best, motives := c.chooseRegular(s, &d, rp, conf)
+	p0 := rp.current
+	switch {
+	case len(motives) == 0:
+		d.Outcome = OutcomeRetained
+		d.Reason = fmt.Sprintf("no motive: prefill pressure %.3f, decode pressure %.3f (expand %.2f, shrink %.2f, %d passes)", p0.TTFTRatio, p0.TPOTRatio, th.Expand, th.Shrink, th.ConfirmPasses)
+		return c.advise(d, nil)
+	case best == nil:
+		d.Outcome = OutcomeRetained
+		d.Reason = fmt.Sprintf("motivated (%v) but no adjacent split strictly improves worst %.3f by more than %g", motives, p0.Worst, th.MinGain)
+		return c.advise(d, nil)
+	}
+	d.Direction = best.dir
+	d.Reason = fmt.Sprintf("%s: worst %.3f -> %.3f", best.dir, p0.Worst, best.price.Worst)
+	if math.IsInf(p0.Worst, 1) && math.IsInf(best.worst, 1) {
+		d.Reason += fmt.Sprintf(" (decode overload %.3f -> %.3f)", p0.Overload, best.price.Overload)
+	}
+	if best.donor.InPlace {
+		d.Reason += fmt.Sprintf(" (%.3f weighing the drain of %s, which switches in place)", best.worst, best.donor.ID)
+	}
+	d.Gates = c.gates(s, best, p0, CallerRegular)
+	return c.decide(s, d, best)
+}
+
+// regularPrices is what a regular pass priced: the current split, each adjacent candidate and,
+// for a donor that switches in place, the split without it while it drains.
+type regularPrices struct {
+	current router.Pricing
+	cands   []candidate // price set
+	// trans[i] is the transitional split's price of candidate i, when its donor switches in
+	// place (hasTrans[i]).
+	trans    [2]router.Pricing
+	hasTrans [2]bool
+}
+
+// priceRegular prices the current split and both adjacent ones together (one projection), and
+// the transitional split of each in-place donor.
+func (c *Controller) priceRegular(s *state) regularPrices {
 	var cands []candidate
 	splits := []router.Split{s.cur}
 	for _, dir := range []string{ToPrefill, ToDecode} {
@@ -333,19 +373,30 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 			splits = append(splits, cand.split)
 		}
 	}
-	trans := map[int]int{} // candidate → its transitional split's index in splits
+	var transAt [2]int // candidate → its transitional split's index in splits (0: none)
 	for i, cand := range cands {
 		if cand.donor.InPlace {
-			trans[i] = len(splits)
+			transAt[i] = len(splits)
 			splits = append(splits, withoutEngine(s.cur, cand.donor.ID))
 		}
 	}
 	ps, _ := s.view.Price(s.now, router.Query{Splits: splits, StepS: c.cfg.Reactive.StepS})
-	p0 := ps[0]
-	d.Candidates = append(d.Candidates, priced(s.cur, p0, true, ""))
+	rp := regularPrices{current: ps[0], cands: cands}
+	for i := range rp.cands {
+		rp.cands[i].price = ps[i+1]
+		rp.cands[i].worst = ps[i+1].Worst
+		if k := transAt[i]; k > 0 {
+			rp.trans[i], rp.hasTrans[i] = ps[k], true
+		}
+	}
+	return rp
+}
 
-	// Motives, counted over consecutive passes. While the window is open, decode expansion
-	// uses the open-window thresholds.
+// countMotives counts the motives over consecutive passes against the current split's price and
+// returns the counters after this pass. While the evidence window is open, decode expansion and
+// prefill shrinking use the open-window thresholds.
+func (c *Controller) countMotives(p0 router.Pricing) Confirmed {
+	th := c.cfg.Thresholds
 	dExpand, dShrink := th.Expand, th.Shrink
 	if !c.win.closed {
 		dExpand, dShrink = th.OpenWindow.Expand, th.OpenWindow.Shrink
@@ -361,31 +412,34 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 	count(&c.conf.PrefillConsolidate, p0.TPOTRatio <= th.Shrink)
 	count(&c.conf.DecodeExpand, p0.TPOTRatio >= dExpand)
 	count(&c.conf.DecodeConsolidate, p0.TTFTRatio <= dShrink)
-	conf := c.conf
-	d.Confirmations = &conf
-	n := th.ConfirmPasses
+	return c.conf
+}
 
-	// Consolidation serves a pool that needs the capacity: while the current split's worst is
-	// at or under shrink, every projection is comfortably within the SLO and there is nothing
-	// to consolidate for (docs/role-control.md section 5). Without this, a fleet between bursts
-	// traded engines for gains of a few milliseconds on ratios far under the SLO, and met the
-	// next burst with a lopsided split (narwhal sim --synthetic onoff).
+// chooseRegular records every candidate in d (an in-place donor's with its drain weighed in) and
+// returns the best motivated candidate that strictly improves on the current split (nil for
+// none) and the directions that were motivated.
+//
+// Consolidation serves a pool that needs the capacity: while the current split's worst is at or
+// under shrink, every projection is comfortably within the SLO and there is nothing to
+// consolidate for (docs/role-control.md section 5). Without this, a fleet between bursts traded
+// engines for gains of a few milliseconds on ratios far under the SLO, and met the next burst
+// with a lopsided split (narwhal sim --synthetic onoff).
+func (c *Controller) chooseRegular(s *state, d *Decision, rp regularPrices, conf Confirmed) (best *candidate, motives []string) {
+	th := c.cfg.Thresholds
+	p0, n := rp.current, th.ConfirmPasses
 	consolidate := p0.Worst > th.Shrink
-	var best *candidate
-	var motives []string
-	for i := range cands {
-		cand := &cands[i]
-		cand.price = ps[i+1]
-		cand.worst = cand.price.Worst
+	for i := range rp.cands {
+		cand := &rp.cands[i]
 		dir := cand.dir
 		pc := priced(cand.split, cand.price, false, cand.donor.ID)
-		if k, ok := trans[i]; ok {
+		if rp.hasTrans[i] {
+			tpr := rp.trans[i]
 			drain := 0.0
 			if l := s.loads[cand.donor.ID]; l != nil {
 				drain = l.DrainS
 			}
-			cand.worst = inPlaceWorst(ps[k].Worst, cand.price.Worst, drain, th.DwellS)
-			tp := priced(withoutEngine(s.cur, cand.donor.ID), ps[k], false, cand.donor.ID)
+			cand.worst = inPlaceWorst(tpr.Worst, cand.price.Worst, drain, th.DwellS)
+			tp := priced(withoutEngine(s.cur, cand.donor.ID), tpr, false, cand.donor.ID)
 			tp.DrainS, tp.Draining = &drain, true
 			ew := Ratio(cand.worst)
 			pc.InPlaceWorst = &ew
@@ -406,26 +460,7 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 			best = cand
 		}
 	}
-	switch {
-	case len(motives) == 0:
-		d.Outcome = OutcomeRetained
-		d.Reason = fmt.Sprintf("no motive: prefill pressure %.3f, decode pressure %.3f (expand %.2f, shrink %.2f, %d passes)", p0.TTFTRatio, p0.TPOTRatio, th.Expand, th.Shrink, n)
-		return c.advise(d, nil)
-	case best == nil:
-		d.Outcome = OutcomeRetained
-		d.Reason = fmt.Sprintf("motivated (%v) but no adjacent split strictly improves worst %.3f by more than %g", motives, p0.Worst, th.MinGain)
-		return c.advise(d, nil)
-	}
-	d.Direction = best.dir
-	d.Reason = fmt.Sprintf("%s: worst %.3f -> %.3f", best.dir, p0.Worst, best.price.Worst)
-	if math.IsInf(p0.Worst, 1) && math.IsInf(best.worst, 1) {
-		d.Reason += fmt.Sprintf(" (decode overload %.3f -> %.3f)", p0.Overload, best.price.Overload)
-	}
-	if best.donor.InPlace {
-		d.Reason += fmt.Sprintf(" (%.3f weighing the drain of %s, which switches in place)", best.worst, best.donor.ID)
-	}
-	d.Gates = c.gates(s, best, p0, CallerRegular)
-	return c.decide(s, d, best)
+	return best, motives
 }
 
 // lower reports whether a split priced (worst, overload) prices lower than another by more
