@@ -183,212 +183,300 @@ func read(logs []Log) ([]entry, error) {
 // engines it names; an engine whose role it does not change keeps its last role change for
 // dwell.
 func AuditLogs(logs []Log, rules *Rules) (Result, error) {
-	var res Result
+	a := &auditor{logs: logs, engines: map[string]*engine{}, lastToDecode: math.Inf(-1),
+		events: map[decisionKey][]int{}, decisions: map[decisionKey]*record{}, haveCfg: rules != nil}
+	if rules != nil {
+		a.cfg = *rules
+	}
 	all, err := read(logs)
 	if err != nil {
-		return res, err
-	}
-	engines := map[string]*engine{}
-	type key struct {
-		log int
-		seq uint64
-	}
-	var (
-		cfg          Rules
-		haveCfg      = rules != nil
-		fromLog      bool // cfg is a log's config line
-		snapshot     bool
-		lastToDecode = math.Inf(-1)
-		lastSeq      *entry
-		// role events seen per decision, and decisions seen, for the pairing checks
-		events    = map[key][]int{}
-		decisions = map[key]*record{}
-		pending   []pendingEvent
-	)
-	if rules != nil {
-		cfg = *rules
-	}
-	name := func(log int) string {
-		if len(logs) > 1 {
-			return logs[log].Name
-		}
-		return ""
+		return a.res, err
 	}
 	for _, en := range all {
-		res.Lines++
-		rec, line := en.rec, en.line
-		violate := func(rule, format string, args ...any) {
-			res.Violations = append(res.Violations, Violation{Log: name(en.log), Line: line, TimeS: rec.TimeS, Rule: rule, Detail: fmt.Sprintf(format, args...)})
+		a.res.Lines++
+		a.en = en
+		if err := a.record(); err != nil {
+			return a.res, err
 		}
-		where := func() string {
-			if n := name(en.log); n != "" {
-				return fmt.Sprintf("%s: line %d", n, line)
+	}
+	if !a.haveCfg || !a.snapshot {
+		return a.res, fmt.Errorf("audit: the log has no config line or no fleet snapshot")
+	}
+	a.pair()
+	sort.SliceStable(a.res.Violations, func(i, j int) bool {
+		x, y := a.res.Violations[i], a.res.Violations[j]
+		if x.TimeS != y.TimeS {
+			return x.TimeS < y.TimeS
+		}
+		return x.Line < y.Line
+	})
+	return a.res, nil
+}
+
+// auditor replays merged log lines, one record at a time, and keeps what the rules need: the
+// engines as the log describes them, the controller config, the last move toward decode and the
+// last decision, and the role changes still to pair with their decisions.
+type auditor struct {
+	logs    []Log
+	res     Result
+	en      entry // the line being read
+	engines map[string]*engine
+
+	cfg      Rules
+	haveCfg  bool
+	fromLog  bool // cfg is a log's config line
+	snapshot bool // a fleet snapshot has been read
+
+	lastToDecode float64
+	lastSeq      *entry
+	// role events seen per decision, and decisions seen, for the pairing checks
+	events    map[decisionKey][]int
+	decisions map[decisionKey]*record
+	pending   []pendingEvent
+}
+
+// decisionKey is a decision of one log.
+type decisionKey struct {
+	log int
+	seq uint64
+}
+
+// name is a log's name in messages ("" for a single log).
+func (a *auditor) name(log int) string {
+	if len(a.logs) > 1 {
+		return a.logs[log].Name
+	}
+	return ""
+}
+
+// where is the current line, for errors.
+func (a *auditor) where() string {
+	if n := a.name(a.en.log); n != "" {
+		return fmt.Sprintf("%s: line %d", n, a.en.line)
+	}
+	return fmt.Sprintf("line %d", a.en.line)
+}
+
+// violate records a violation of rule at the current line.
+func (a *auditor) violate(rule, format string, args ...any) {
+	a.res.Violations = append(a.res.Violations, Violation{Log: a.name(a.en.log), Line: a.en.line, TimeS: a.en.rec.TimeS, Rule: rule, Detail: fmt.Sprintf(format, args...)})
+}
+
+// record reads the current line by its kind.
+func (a *auditor) record() error {
+	rec := &a.en.rec
+	switch {
+	case rec.Kind == "config":
+		return a.config()
+	case rec.Kind == "fleet" && rec.Event == "snapshot":
+		a.fleetSnapshot()
+	case rec.Kind == "fleet" && !a.snapshot:
+		return fmt.Errorf("audit: %s: a fleet event before the fleet snapshot", a.where())
+	case rec.Kind == "fleet" && rec.Event == "added":
+		if a.engines[rec.Engine] != nil {
+			return fmt.Errorf("audit: %s: engine %q added twice", a.where(), rec.Engine)
+		}
+		a.engines[rec.Engine] = &engine{role: rec.To, lifecycle: "recovering", roleSince: math.Inf(-1)}
+	case rec.Kind == "fleet" && rec.Event == "removed":
+		if a.engines[rec.Engine] == nil {
+			return fmt.Errorf("audit: %s: unknown engine %q removed", a.where(), rec.Engine)
+		}
+		delete(a.engines, rec.Engine)
+	case rec.Kind == "fleet":
+		return a.fleetEvent()
+	case rec.Kind == "decision":
+		a.decision()
+	}
+	return nil
+}
+
+// config takes the controller config of a config line: the first log's, unless rules were
+// given; the other logs' must agree with it.
+func (a *auditor) config() error {
+	var c Rules
+	if err := json.Unmarshal(a.en.rec.Controller, &c); err != nil {
+		return fmt.Errorf("audit: %s: controller config: %w", a.where(), err)
+	}
+	switch {
+	case !a.haveCfg:
+		a.cfg, a.haveCfg, a.fromLog = c, true, true
+	case a.fromLog && c != a.cfg:
+		return fmt.Errorf("audit: %s: its controller config differs from the first log's: the logs are not of one fleet", a.where())
+	}
+	return nil
+}
+
+// fleetSnapshot re-bases the engines it names; one whose role it leaves unchanged keeps its last
+// role change (dwell holds across a takeover).
+func (a *auditor) fleetSnapshot() {
+	for _, e := range a.en.rec.Engines {
+		since := math.Inf(-1)
+		if old := a.engines[e.ID]; old != nil && old.role == e.Role {
+			since = old.roleSince
+		}
+		a.engines[e.ID] = &engine{role: e.Role, lifecycle: e.Lifecycle, pinned: e.Pinned, roleSince: since}
+	}
+	a.snapshot = true
+}
+
+// fleetEvent applies an event of one engine: lifecycle, switch step, pin, role.
+func (a *auditor) fleetEvent() error {
+	rec := &a.en.rec
+	e := a.engines[rec.Engine]
+	if e == nil {
+		return fmt.Errorf("audit: %s: unknown engine %q", a.where(), rec.Engine)
+	}
+	viaSwitch := e.switchedToRole
+	e.switchedToRole = false
+	switch rec.Event {
+	case "lifecycle":
+		a.lifecycle(e)
+	case "switch":
+		a.switchStep(e)
+	case "pin":
+		e.pinned = rec.Pinned
+	case "role":
+		a.role(e, viaSwitch)
+	}
+	return nil
+}
+
+// lifecycle checks a lifecycle change: a failed switch fails its engine next, and an engine
+// held for an in-place switch leaves its pool then (the floor of that pool holds).
+func (a *auditor) lifecycle(e *engine) {
+	rec := &a.en.rec
+	if e.failedAt > 0 && rec.To != "failed" {
+		a.violate("switch", "%s became %s after its switch failed (line %d): a failed switch fails its engine", rec.Engine, rec.To, e.failedAt)
+	}
+	e.failedAt = 0
+	if rec.From == "active" && rec.To == "switching" {
+		e.lifecycle = rec.To
+		if total := live(a.engines, "prefill") + live(a.engines, "decode") + 1; total >= a.cfg.MinPrefill+a.cfg.MinDecode {
+			floor := map[string]int{"prefill": a.cfg.MinPrefill, "decode": a.cfg.MinDecode}[e.role]
+			if n := live(a.engines, e.role); n < floor {
+				a.violate("role_floors", "%s left %s to switch in place: %d live %s engines, floor %d, with %d live engines", rec.Engine, e.role, n, e.role, floor, total)
 			}
-			return fmt.Sprintf("line %d", line)
 		}
+	}
+	e.lifecycle = rec.To
+}
+
+// switchStep follows an in-place switch: asked once while held, ended by the engine's answer.
+func (a *auditor) switchStep(e *engine) {
+	rec := &a.en.rec
+	switch rec.Result {
+	case "asked":
+		if e.asked || e.lifecycle != "switching" {
+			a.violate("switch", "%s asked to switch while %s (asked before: %t): an engine is asked once, while held", rec.Engine, e.lifecycle, e.asked)
+		}
+		e.asked = true
+	case "succeeded":
+		e.asked, e.switchedToRole = false, true
+	case "failed":
+		if e.lifecycle == "switching" {
+			e.failedAt = a.en.line
+		}
+		e.asked = false
+	case "abandoned":
+		if e.asked {
+			a.violate("switch", "%s's switch abandoned after it was asked: an asked switch ends with the engine's answer", rec.Engine)
+		}
+	}
+}
+
+// role checks a role change against pins, dwell, advisory mode and the floors, and keeps it to
+// pair with the decision it names. An operator's relabel at the engine's source is not the
+// controller's move: no guard applies, and dwell counts from it.
+func (a *auditor) role(e *engine, viaSwitch bool) {
+	rec := &a.en.rec
+	a.res.RoleChanges++
+	if rec.Caller == "operator" {
+		a.res.OperatorMoves++
+		e.role, e.roleSince = rec.To, rec.TimeS
+		return
+	}
+	cfg := &a.cfg
+	if e.pinned {
+		a.violate("pins", "%s moved %s -> %s while pinned", rec.Engine, rec.From, rec.To)
+	}
+	if since := rec.TimeS - e.roleSince; since < cfg.Thresholds.DwellS {
+		a.violate("dwell", "%s moved %.3fs after its last role change (dwell %gs)", rec.Engine, since, cfg.Thresholds.DwellS)
+	}
+	if cfg.Advisory {
+		a.violate("advisory", "%s moved %s -> %s with controller.advisory on", rec.Engine, rec.From, rec.To)
+	}
+	e.role, e.roleSince = rec.To, rec.TimeS
+	if total := live(a.engines, "prefill") + live(a.engines, "decode"); total >= cfg.MinPrefill+cfg.MinDecode {
+		if p := live(a.engines, "prefill"); rec.From == "prefill" && p < cfg.MinPrefill {
+			a.violate("role_floors", "%s left prefill: %d live prefill engines, min_prefill %d, with %d live engines", rec.Engine, p, cfg.MinPrefill, total)
+		}
+		if d := live(a.engines, "decode"); rec.From == "decode" && d < cfg.MinDecode {
+			a.violate("role_floors", "%s left decode: %d live decode engines, min_decode %d, with %d live engines", rec.Engine, d, cfg.MinDecode, total)
+		}
+	}
+	if rec.Decision == nil {
+		a.violate("orphan_role_change", "%s moved %s -> %s naming no decision", rec.Engine, rec.From, rec.To)
+		return
+	}
+	k := decisionKey{a.en.log, *rec.Decision}
+	a.events[k] = append(a.events[k], a.en.line)
+	a.pending = append(a.pending, pendingEvent{log: a.en.log, line: a.en.line, t: rec.TimeS, seq: *rec.Decision, engine: rec.Engine, from: rec.From, to: rec.To, viaSwitch: viaSwitch})
+	if e.lifecycle == "switching" && !viaSwitch {
+		a.violate("switch", "%s changed role while held for a switch, not by a successful switch", rec.Engine)
+	}
+}
+
+// decision checks a decision record: numbered above the last, one move (repairs excepted), the
+// cooldown between moves toward decode, and a closed evidence window for a move toward prefill.
+func (a *auditor) decision() {
+	rec := a.en.rec
+	cfg := &a.cfg
+	a.res.Decisions++
+	a.decisions[decisionKey{a.en.log, rec.Seq}] = &rec
+	if a.lastSeq != nil && rec.Seq <= a.lastSeq.rec.Seq {
+		a.violate("sequence", "decision %d follows decision %d (%s): a decision numbered again", rec.Seq, a.lastSeq.rec.Seq, a.name(a.lastSeq.log)+fmt.Sprintf(" line %d", a.lastSeq.line))
+	}
+	last := a.en
+	a.lastSeq = &last
+	toDecode, toPrefill := 0, 0
+	for _, m := range rec.Moves {
+		if m.To == "decode" {
+			toDecode++
+		} else {
+			toPrefill++
+		}
+	}
+	if n := len(rec.Moves); n > 1 && rec.Caller != "repair" {
+		a.violate("one_move", "decision %d (%s) made %d moves", rec.Seq, rec.Caller, n)
+	}
+	if n := len(a.events[decisionKey{a.en.log, rec.Seq}]); n > 1 && rec.Caller != "repair" {
+		a.violate("one_move", "decision %d (%s) has %d role changes", rec.Seq, rec.Caller, n)
+	}
+	if toDecode > 0 {
+		if rec.Caller != "repair" && rec.Caller != "readmission" && rec.TimeS-a.lastToDecode < cfg.Thresholds.CooldownS {
+			a.violate("cooldown", "decision %d moved toward decode %.3fs after the last move toward decode (cooldown %gs)", rec.Seq, rec.TimeS-a.lastToDecode, cfg.Thresholds.CooldownS)
+		}
+		a.lastToDecode = rec.TimeS
+	}
+	if toPrefill > 0 && (rec.Caller == "regular" || rec.Caller == "urgent") {
+		w := rec.Inputs.EvidenceWindow
+		open := rec.TimeS - w.OpenedAtS
+		closed := open >= cfg.Reactive.EvidenceSpanS && w.Arrivals >= uint64(cfg.Reactive.EvidenceMinArrivals) || open >= cfg.Reactive.EvidenceMaxSpanS
 		switch {
-		case rec.Kind == "config":
-			var c Rules
-			if err := json.Unmarshal(rec.Controller, &c); err != nil {
-				return res, fmt.Errorf("audit: %s: controller config: %w", where(), err)
-			}
-			switch {
-			case !haveCfg:
-				cfg, haveCfg, fromLog = c, true, true
-			case fromLog && c != cfg:
-				return res, fmt.Errorf("audit: %s: its controller config differs from the first log's: the logs are not of one fleet", where())
-			}
-		case rec.Kind == "fleet" && rec.Event == "snapshot":
-			for _, e := range rec.Engines {
-				since := math.Inf(-1)
-				if old := engines[e.ID]; old != nil && old.role == e.Role {
-					since = old.roleSince
-				}
-				engines[e.ID] = &engine{role: e.Role, lifecycle: e.Lifecycle, pinned: e.Pinned, roleSince: since}
-			}
-			snapshot = true
-		case rec.Kind == "fleet" && !snapshot:
-			return res, fmt.Errorf("audit: %s: a fleet event before the fleet snapshot", where())
-		case rec.Kind == "fleet" && rec.Event == "added":
-			if engines[rec.Engine] != nil {
-				return res, fmt.Errorf("audit: %s: engine %q added twice", where(), rec.Engine)
-			}
-			engines[rec.Engine] = &engine{role: rec.To, lifecycle: "recovering", roleSince: math.Inf(-1)}
-		case rec.Kind == "fleet" && rec.Event == "removed":
-			if engines[rec.Engine] == nil {
-				return res, fmt.Errorf("audit: %s: unknown engine %q removed", where(), rec.Engine)
-			}
-			delete(engines, rec.Engine)
-		case rec.Kind == "fleet":
-			e := engines[rec.Engine]
-			if e == nil {
-				return res, fmt.Errorf("audit: %s: unknown engine %q", where(), rec.Engine)
-			}
-			viaSwitch := e.switchedToRole
-			e.switchedToRole = false
-			switch rec.Event {
-			case "lifecycle":
-				if e.failedAt > 0 && rec.To != "failed" {
-					violate("switch", "%s became %s after its switch failed (line %d): a failed switch fails its engine", rec.Engine, rec.To, e.failedAt)
-				}
-				e.failedAt = 0
-				if rec.From == "active" && rec.To == "switching" {
-					// The engine leaves its pool now: the floor of the pool it leaves holds then.
-					e.lifecycle = rec.To
-					if total := live(engines, "prefill") + live(engines, "decode") + 1; total >= cfg.MinPrefill+cfg.MinDecode {
-						floor := map[string]int{"prefill": cfg.MinPrefill, "decode": cfg.MinDecode}[e.role]
-						if n := live(engines, e.role); n < floor {
-							violate("role_floors", "%s left %s to switch in place: %d live %s engines, floor %d, with %d live engines", rec.Engine, e.role, n, e.role, floor, total)
-						}
-					}
-				}
-				e.lifecycle = rec.To
-			case "switch":
-				switch rec.Result {
-				case "asked":
-					if e.asked || e.lifecycle != "switching" {
-						violate("switch", "%s asked to switch while %s (asked before: %t): an engine is asked once, while held", rec.Engine, e.lifecycle, e.asked)
-					}
-					e.asked = true
-				case "succeeded":
-					e.asked, e.switchedToRole = false, true
-				case "failed":
-					if e.lifecycle == "switching" {
-						e.failedAt = line
-					}
-					e.asked = false
-				case "abandoned":
-					if e.asked {
-						violate("switch", "%s's switch abandoned after it was asked: an asked switch ends with the engine's answer", rec.Engine)
-					}
-				}
-			case "pin":
-				e.pinned = rec.Pinned
-			case "role":
-				res.RoleChanges++
-				if rec.Caller == "operator" {
-					// An operator relabelled the engine at its source: not the controller's move,
-					// so no guard of the controller's applies; dwell counts from it.
-					res.OperatorMoves++
-					e.role, e.roleSince = rec.To, rec.TimeS
-					continue
-				}
-				if e.pinned {
-					violate("pins", "%s moved %s -> %s while pinned", rec.Engine, rec.From, rec.To)
-				}
-				if since := rec.TimeS - e.roleSince; since < cfg.Thresholds.DwellS {
-					violate("dwell", "%s moved %.3fs after its last role change (dwell %gs)", rec.Engine, since, cfg.Thresholds.DwellS)
-				}
-				if cfg.Advisory {
-					violate("advisory", "%s moved %s -> %s with controller.advisory on", rec.Engine, rec.From, rec.To)
-				}
-				e.role, e.roleSince = rec.To, rec.TimeS
-				if total := live(engines, "prefill") + live(engines, "decode"); total >= cfg.MinPrefill+cfg.MinDecode {
-					if p := live(engines, "prefill"); rec.From == "prefill" && p < cfg.MinPrefill {
-						violate("role_floors", "%s left prefill: %d live prefill engines, min_prefill %d, with %d live engines", rec.Engine, p, cfg.MinPrefill, total)
-					}
-					if d := live(engines, "decode"); rec.From == "decode" && d < cfg.MinDecode {
-						violate("role_floors", "%s left decode: %d live decode engines, min_decode %d, with %d live engines", rec.Engine, d, cfg.MinDecode, total)
-					}
-				}
-				if rec.Decision == nil {
-					violate("orphan_role_change", "%s moved %s -> %s naming no decision", rec.Engine, rec.From, rec.To)
-					continue
-				}
-				k := key{en.log, *rec.Decision}
-				events[k] = append(events[k], line)
-				pending = append(pending, pendingEvent{log: en.log, line: line, t: rec.TimeS, seq: *rec.Decision, engine: rec.Engine, from: rec.From, to: rec.To, viaSwitch: viaSwitch})
-				if e.lifecycle == "switching" && !viaSwitch {
-					violate("switch", "%s changed role while held for a switch, not by a successful switch", rec.Engine)
-				}
-			}
-		case rec.Kind == "decision":
-			res.Decisions++
-			d := rec
-			decisions[key{en.log, rec.Seq}] = &d
-			if lastSeq != nil && rec.Seq <= lastSeq.rec.Seq {
-				violate("sequence", "decision %d follows decision %d (%s): a decision numbered again", rec.Seq, lastSeq.rec.Seq, name(lastSeq.log)+fmt.Sprintf(" line %d", lastSeq.line))
-			}
-			lastSeq = &en
-			toDecode, toPrefill := 0, 0
-			for _, m := range rec.Moves {
-				if m.To == "decode" {
-					toDecode++
-				} else {
-					toPrefill++
-				}
-			}
-			if n := len(rec.Moves); n > 1 && rec.Caller != "repair" {
-				violate("one_move", "decision %d (%s) made %d moves", rec.Seq, rec.Caller, n)
-			}
-			if n := len(events[key{en.log, rec.Seq}]); n > 1 && rec.Caller != "repair" {
-				violate("one_move", "decision %d (%s) has %d role changes", rec.Seq, rec.Caller, n)
-			}
-			if toDecode > 0 {
-				if rec.Caller != "repair" && rec.Caller != "readmission" && rec.TimeS-lastToDecode < cfg.Thresholds.CooldownS {
-					violate("cooldown", "decision %d moved toward decode %.3fs after the last move toward decode (cooldown %gs)", rec.Seq, rec.TimeS-lastToDecode, cfg.Thresholds.CooldownS)
-				}
-				lastToDecode = rec.TimeS
-			}
-			if toPrefill > 0 && (rec.Caller == "regular" || rec.Caller == "urgent") {
-				w := rec.Inputs.EvidenceWindow
-				open := rec.TimeS - w.OpenedAtS
-				closed := open >= cfg.Reactive.EvidenceSpanS && w.Arrivals >= uint64(cfg.Reactive.EvidenceMinArrivals) || open >= cfg.Reactive.EvidenceMaxSpanS
-				switch {
-				case w.OpenedAtS < lastToDecode:
-					violate("evidence_window", "decision %d: its window opened at %.3fs, before the last move toward decode restarted it", rec.Seq, w.OpenedAtS)
-				case !closed:
-					violate("evidence_window", "decision %d moved toward prefill with the window open: opened %.3fs ago, %d arrivals (span %gs, min %d, max %gs)",
-						rec.Seq, open, w.Arrivals, cfg.Reactive.EvidenceSpanS, cfg.Reactive.EvidenceMinArrivals, cfg.Reactive.EvidenceMaxSpanS)
-				}
-			}
+		case w.OpenedAtS < a.lastToDecode:
+			a.violate("evidence_window", "decision %d: its window opened at %.3fs, before the last move toward decode restarted it", rec.Seq, w.OpenedAtS)
+		case !closed:
+			a.violate("evidence_window", "decision %d moved toward prefill with the window open: opened %.3fs ago, %d arrivals (span %gs, min %d, max %gs)",
+				rec.Seq, open, w.Arrivals, cfg.Reactive.EvidenceSpanS, cfg.Reactive.EvidenceMinArrivals, cfg.Reactive.EvidenceMaxSpanS)
 		}
 	}
-	if !haveCfg || !snapshot {
-		return res, fmt.Errorf("audit: the log has no config line or no fleet snapshot")
-	}
-	for _, ev := range pending { // every role change is a move of the decision it names, in its log
-		d := decisions[key{ev.log, ev.seq}]
+}
+
+// pair checks that every role change is a move of the decision it names, in its log, made the
+// way that decision says (routing alone, or a successful in-place switch).
+func (a *auditor) pair() {
+	for _, ev := range a.pending {
+		d := a.decisions[decisionKey{ev.log, ev.seq}]
 		found := false
 		if d != nil {
 			for _, m := range d.Moves {
@@ -396,24 +484,16 @@ func AuditLogs(logs []Log, rules *Rules) (Result, error) {
 			}
 		}
 		if !found {
-			res.Violations = append(res.Violations, Violation{Log: name(ev.log), Line: ev.line, TimeS: ev.t, Rule: "orphan_role_change",
+			a.res.Violations = append(a.res.Violations, Violation{Log: a.name(ev.log), Line: ev.line, TimeS: ev.t, Rule: "orphan_role_change",
 				Detail: fmt.Sprintf("%s moved %s -> %s for decision %d, which has no such move", ev.engine, ev.from, ev.to, ev.seq)})
 			continue
 		}
 		if inPlace := d.Switch == "sglang"; inPlace != ev.viaSwitch {
 			how := map[bool]string{true: "a successful in-place switch", false: "routing alone"}
-			res.Violations = append(res.Violations, Violation{Log: name(ev.log), Line: ev.line, TimeS: ev.t, Rule: "switch",
+			a.res.Violations = append(a.res.Violations, Violation{Log: a.name(ev.log), Line: ev.line, TimeS: ev.t, Rule: "switch",
 				Detail: fmt.Sprintf("%s moved %s -> %s by %s for decision %d, whose switch is %q", ev.engine, ev.from, ev.to, how[ev.viaSwitch], ev.seq, d.Switch)})
 		}
 	}
-	sort.SliceStable(res.Violations, func(i, j int) bool {
-		a, b := res.Violations[i], res.Violations[j]
-		if a.TimeS != b.TimeS {
-			return a.TimeS < b.TimeS
-		}
-		return a.Line < b.Line
-	})
-	return res, nil
 }
 
 // live counts the active engines in role.
