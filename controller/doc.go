@@ -13,6 +13,7 @@
 // Live runs a Controller in real time beside router.Live: it sleeps until NextDeadline or an
 // urgent trigger, prices a fork of the router taken under its lock, persists, applies, logs and
 // publishes each decision. Log writes the decision log (JSON lines) that package audit checks
-// without this package's code. The health monitor (Monitor, HealthCore, the HTTP prober) and
-// the in-place switcher (Switcher, the SGLang client) also live here.
+// without this package's code. The health monitor (Monitor over the Health core) and the
+// in-place switcher (Switcher) also live here; the engine-facing clients they call (the HTTP
+// probe, the SGLang switch) are package engineclient.
 package controller

@@ -3,10 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
-	"net/http"
-	"net/http/httptest"
 	"net/netip"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -274,51 +271,6 @@ func TestHealthRules(t *testing.T) {
 	_, f := testFleet(t)
 	if _, err := Apply(NewHealth(config.Default().Health), f, t0, "nope", true); !errors.Is(err, fleet.ErrUnknownEngine) {
 		t.Fatalf("unknown engine: %v", err)
-	}
-}
-
-func TestHTTPProber(t *testing.T) {
-	var status int
-	var mu sync.Mutex
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/health" {
-			http.NotFound(w, r)
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		w.WriteHeader(status)
-	}))
-	defer srv.Close()
-	p := &HTTPProber{Client: srv.Client(), Path: "/health"}
-	addr := strings.TrimPrefix(srv.URL, "http://")
-	port := addr[strings.LastIndexByte(addr, ':'):]
-	for _, tc := range []struct {
-		status  int
-		address string
-		ok      bool
-	}{
-		{200, addr, true},
-		{503, addr, false},
-		{204, "localhost" + port, true}, // a host name resolves to IP:port
-	} {
-		mu.Lock()
-		status = tc.status
-		mu.Unlock()
-		ap, err := p.Probe(context.Background(), tc.address)
-		if (err == nil) != tc.ok {
-			t.Fatalf("%d from %s: err %v", tc.status, tc.address, err)
-		}
-		if !ap.Addr().IsLoopback() || ap.Port() == 0 {
-			t.Fatalf("%s resolved to %v", tc.address, ap)
-		}
-	}
-	srv.Close()
-	if _, err := p.Probe(context.Background(), addr); err == nil {
-		t.Fatal("a closed server answered a probe")
-	}
-	if _, err := p.Probe(context.Background(), "no-port"); err == nil {
-		t.Fatal("an address without a port was probed")
 	}
 }
 

@@ -3,11 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"net/netip"
 	"sync"
 	"time"
@@ -44,69 +40,6 @@ type Prober interface {
 // ProbeObserver sees every probe result (metrics).
 type ProbeObserver interface {
 	ObserveProbe(engine string, ok bool, took time.Duration)
-}
-
-// HTTPProber probes GET http://IP:port<Path> and wants a 2xx answer.
-type HTTPProber struct {
-	Client   *http.Client
-	Path     string
-	Resolver *net.Resolver // nil: net.DefaultResolver
-}
-
-// Probe implements Prober.
-func (p *HTTPProber) Probe(ctx context.Context, address string) (netip.AddrPort, error) {
-	ap, err := Resolve(ctx, p.Resolver, address)
-	if err != nil {
-		return netip.AddrPort{}, err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ap.String()+p.Path, nil)
-	if err != nil {
-		return ap, err
-	}
-	resp, err := p.Client.Do(req)
-	if err != nil {
-		return ap, err
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	_ = resp.Body.Close()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return ap, fmt.Errorf("health: %s answered %s", ap, resp.Status)
-	}
-	return ap, nil
-}
-
-// Resolve turns host:port into IP:port, looking the host up when it is a name (the first
-// address the resolver returns, IPv4 preferred).
-func Resolve(ctx context.Context, r *net.Resolver, address string) (netip.AddrPort, error) {
-	if ap, err := netip.ParseAddrPort(address); err == nil {
-		return ap, nil
-	}
-	host, port, err := net.SplitHostPort(address)
-	if err != nil {
-		return netip.AddrPort{}, err
-	}
-	pn, err := net.LookupPort("tcp", port)
-	if err != nil {
-		return netip.AddrPort{}, err
-	}
-	if r == nil {
-		r = net.DefaultResolver
-	}
-	ips, err := r.LookupNetIP(ctx, "ip", host)
-	if err != nil {
-		return netip.AddrPort{}, err
-	}
-	if len(ips) == 0 {
-		return netip.AddrPort{}, fmt.Errorf("resolve %s: no addresses", host)
-	}
-	best := ips[0]
-	for _, ip := range ips {
-		if ip.Unmap().Is4() {
-			best = ip
-			break
-		}
-	}
-	return netip.AddrPortFrom(best.Unmap(), uint16(pn)), nil
 }
 
 // Monitor is the live health monitor: every health.interval_s it probes all engines at once

@@ -1,14 +1,9 @@
 package controller
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -16,7 +11,8 @@ import (
 	"github.com/narwhal-llm/narwhal/router"
 )
 
-// RoleSwitcher tells an engine to change role in place (SGLangSwitch does, over HTTP).
+// RoleSwitcher tells an engine to change role in place (engineclient.SGLangSwitch does, over
+// HTTP).
 type RoleSwitcher interface {
 	Switch(ctx context.Context, addr string, to fleet.Role) (string, error)
 }
@@ -144,50 +140,4 @@ func (s *Switcher) finish(id string, r fleet.SwitchResult, detail string) {
 		level = slog.LevelWarn
 	}
 	s.Logger.Log(context.Background(), level, "switch: ended", "engine", id, "result", r, "role", e.Role, "lifecycle", e.Lifecycle, "detail", detail)
-}
-
-// SGLangSwitch switches SGLang engines (server flag --enable-pd-role-switch): POST
-// /pd_role_switch {"new_role": "prefill"|"decode"}, answered {"success", "message",
-// "old_role", "new_role"}. A refusal (the engine is not idle, a switch is in progress) or a
-// failed rebuild is an error carrying the engine's message.
-type SGLangSwitch struct {
-	Client *http.Client
-}
-
-// Switch asks the engine at addr (host:port) to take role to.
-func (c SGLangSwitch) Switch(ctx context.Context, addr string, to fleet.Role) (string, error) {
-	body, _ := json.Marshal(map[string]string{"new_role": to.String()})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/pd_role_switch", bytes.NewReader(body))
-	if err != nil {
-		return "", err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	hc := c.Client
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return "", fmt.Errorf("POST /pd_role_switch: %w", err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	var ans struct {
-		Success *bool  `json:"success"`
-		Message string `json:"message"`
-		OldRole string `json:"old_role"`
-		NewRole string `json:"new_role"`
-	}
-	if err := json.Unmarshal(raw, &ans); err != nil || ans.Success == nil {
-		return "", fmt.Errorf("POST /pd_role_switch answered %s: %s", resp.Status, strings.TrimSpace(string(raw)))
-	}
-	switch {
-	case !*ans.Success:
-		return "", fmt.Errorf("POST /pd_role_switch refused (%s): %s", resp.Status, ans.Message)
-	case resp.StatusCode/100 != 2:
-		return "", fmt.Errorf("POST /pd_role_switch answered %s: %s", resp.Status, ans.Message)
-	case ans.NewRole != "" && ans.NewRole != to.String():
-		return "", fmt.Errorf("POST /pd_role_switch: the engine says it is now %s, not %s", ans.NewRole, to)
-	}
-	return fmt.Sprintf("%s -> %s: %s", ans.OldRole, ans.NewRole, ans.Message), nil
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/controller"
 	"github.com/narwhal-llm/narwhal/discovery"
+	"github.com/narwhal-llm/narwhal/engineclient"
 	"github.com/narwhal-llm/narwhal/envoy"
 	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/fleet"
@@ -232,13 +233,13 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		adminSrv.TLSConfig = tlsSrv.admin.Config()
 	}
 
-	prober := &controller.HTTPProber{
+	prober := &engineclient.HTTPProber{
 		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: 30 * time.Second}},
 		Path:   cfg.Health.Path,
 	}
 	monitor := controller.NewMonitor(cfg.Health, f, prober, controller.RealClock{}, metrics, log)
 	switcher := &controller.Switcher{Fleet: f, Router: live, Logger: log, Timeout: config.Seconds(cfg.Controller.SwitchTimeoutS),
-		Client: controller.SGLangSwitch{Client: &http.Client{}}} // engines with switch: sglang
+		Client: engineclient.SGLangSwitch{Client: &http.Client{}}} // engines with switch: sglang
 	resolveAll(ctx, f, cfg.Health, log) // placements carry IP:port from the first request on
 
 	var wg sync.WaitGroup
@@ -416,7 +417,7 @@ func eject(f *fleet.Fleet, e router.Ejection, log *slog.Logger) {
 func resolveAll(ctx context.Context, f *fleet.Fleet, h config.Health, log *slog.Logger) {
 	for _, e := range f.Snapshot().Engines {
 		rctx, cancel := context.WithTimeout(ctx, config.Seconds(h.TimeoutS))
-		ap, err := controller.Resolve(rctx, nil, e.Address)
+		ap, err := engineclient.Resolve(rctx, nil, e.Address)
 		cancel()
 		if err != nil {
 			log.Warn("engine address does not resolve", "engine", e.ID, "address", e.Address, "err", err)
