@@ -289,11 +289,7 @@ func ApplyDecision(f *fleet.Fleet, p Preparer, d *Decision, now time.Time, log *
 	for _, m := range d.Moves {
 		role, err := fleet.ParseRole(m.To)
 		if err == nil {
-			if e, _ := f.Engine(m.Engine); e.InPlace {
-				_, err = f.StartSwitch(m.Engine, role, now, DecisionCause(d.Seq))
-			} else {
-				_, err = f.SetRole(m.Engine, role, now, DecisionCause(d.Seq))
-			}
+			_, err = f.Move(m.Engine, role, now, DecisionCause(d.Seq))
 		}
 		if err != nil {
 			if log != nil {

@@ -217,14 +217,47 @@ func (f *Fleet) SetLifecycle(id string, to Lifecycle, now time.Time, cause strin
 // SetRole moves an engine to another role. Pinned engines keep theirs. The role-since time
 // restarts (dwell counts from it).
 func (f *Fleet) SetRole(id string, to Role, now time.Time, cause string) (Engine, error) {
-	return f.update(id, func(e *Engine) ([]Event, error) {
-		if err := canMove(e, to); err != nil {
-			return nil, err
+	return f.update(id, func(e *Engine) ([]Event, error) { return setRole(e, to, now, cause) })
+}
+
+func setRole(e *Engine, to Role, now time.Time, cause string) ([]Event, error) {
+	if err := canMove(e, to); err != nil {
+		return nil, err
+	}
+	ev := Event{Time: now, Kind: EventRole, Engine: e.ID, From: e.Role.String(), To: to.String(), Cause: cause}
+	e.Role, e.RoleSince, e.Moved, e.RoleOpen = to, now, true, false
+	return []Event{ev}, nil
+}
+
+// Move makes a role move the way the engine changes role: StartSwitch for one that switches in
+// place (InPlace), SetRole for the others.
+func (f *Fleet) Move(id string, to Role, now time.Time, cause string) (Engine, error) {
+	return f.update(id, func(e *Engine) ([]Event, error) { return move(e, to, now, cause) })
+}
+
+func move(e *Engine, to Role, now time.Time, cause string) ([]Event, error) {
+	if e.InPlace {
+		return startSwitch(e, to, now, cause)
+	}
+	return setRole(e, to, now, cause)
+}
+
+// Move previews Fleet.Move on the snapshot (the caller's own copy): the engine as the fleet
+// would have it after the move, by the same transition. A move the fleet would refuse is an
+// error and changes nothing.
+func (s *Snapshot) Move(id string, to Role, now time.Time, cause string) error {
+	for i := range s.Engines {
+		if s.Engines[i].ID != id {
+			continue
 		}
-		ev := Event{Time: now, Kind: EventRole, Engine: e.ID, From: e.Role.String(), To: to.String(), Cause: cause}
-		e.Role, e.RoleSince, e.Moved, e.RoleOpen = to, now, true, false
-		return []Event{ev}, nil
-	})
+		e := s.Engines[i]
+		if _, err := move(&e, to, now, cause); err != nil {
+			return err
+		}
+		s.Engines[i] = e
+		return nil
+	}
+	return fmt.Errorf("%w %q", ErrUnknownEngine, id)
 }
 
 // canMove checks that e may take role to: a valid role, not its own, and e not pinned.
@@ -243,25 +276,27 @@ func canMove(e *Engine, to Role) error {
 // StartSwitch begins an in-place role switch of an engine that needs one (InPlace): it leaves
 // placement (switching) and keeps its role until FinishSwitch; cause names the decision.
 func (f *Fleet) StartSwitch(id string, to Role, now time.Time, cause string) (Engine, error) {
-	return f.update(id, func(e *Engine) ([]Event, error) {
-		if err := canMove(e, to); err != nil {
-			return nil, err
-		}
-		switch {
-		case !e.InPlace:
-			return nil, fmt.Errorf("%w: engine %s changes role by routing (switch: routing)", ErrTransition, e.ID)
-		case e.SwitchTo != 0:
-			return nil, fmt.Errorf("%w: engine %s is already switching to %s", ErrTransition, e.ID, e.SwitchTo)
-		case e.Lifecycle != Active:
-			return nil, fmt.Errorf("%w: engine %s is %s, not active", ErrTransition, e.ID, e.Lifecycle)
-		}
-		ev, err := setLifecycle(e, Switching, now, cause)
-		if err != nil {
-			return nil, err
-		}
-		e.SwitchTo, e.SwitchCause = to, cause
-		return []Event{ev}, nil
-	})
+	return f.update(id, func(e *Engine) ([]Event, error) { return startSwitch(e, to, now, cause) })
+}
+
+func startSwitch(e *Engine, to Role, now time.Time, cause string) ([]Event, error) {
+	if err := canMove(e, to); err != nil {
+		return nil, err
+	}
+	switch {
+	case !e.InPlace:
+		return nil, fmt.Errorf("%w: engine %s changes role by routing (switch: routing)", ErrTransition, e.ID)
+	case e.SwitchTo != 0:
+		return nil, fmt.Errorf("%w: engine %s is already switching to %s", ErrTransition, e.ID, e.SwitchTo)
+	case e.Lifecycle != Active:
+		return nil, fmt.Errorf("%w: engine %s is %s, not active", ErrTransition, e.ID, e.Lifecycle)
+	}
+	ev, err := setLifecycle(e, Switching, now, cause)
+	if err != nil {
+		return nil, err
+	}
+	e.SwitchTo, e.SwitchCause = to, cause
+	return []Event{ev}, nil
 }
 
 // AskSwitch records that a switching engine is being asked to switch (its residents finished),

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -439,5 +440,51 @@ func TestRestoreAdded(t *testing.T) {
 	}
 	if _, err := f.Remove("k1", at, "kubernetes"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Snapshot.Move previews Fleet.Move by the same transition: an engine that changes role by
+// routing takes the role, one that switches in place is held switching with its target; a move
+// the fleet refuses (a pinned engine, an unknown one) is an error and leaves the snapshot as it
+// was.
+func TestSnapshotMovePreviewsTheFleet(t *testing.T) {
+	cfg := testConfig()
+	cfg.Engines[1].Switch = config.SwitchSGLang // e2 switches in place
+	cfg.Engines = append(cfg.Engines, config.Engine{ID: "e4", Address: "127.0.0.1:8004", Role: "decode", Profile: config.DefaultProfileName})
+	f, err := New(cfg, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t1 := t0.Add(time.Minute)
+	preview := f.Snapshot()
+	for _, m := range []struct {
+		id string
+		to Role
+	}{{"e2", Prefill}, {"e4", Prefill}} {
+		if err := preview.Move(m.id, m.to, t1, "decision 1"); err != nil {
+			t.Fatalf("preview %s: %v", m.id, err)
+		}
+		if _, err := f.Move(m.id, m.to, t1, "decision 1"); err != nil {
+			t.Fatalf("move %s: %v", m.id, err)
+		}
+	}
+	after := f.Snapshot()
+	if !reflect.DeepEqual(preview.Engines, after.Engines) {
+		t.Fatalf("the preview differs from the fleet:\n%+v\n%+v", preview.Engines, after.Engines)
+	}
+	if e, _ := after.Find("e2"); e.Lifecycle != Switching || e.SwitchTo != Prefill || e.Role != Decode {
+		t.Fatalf("e2 (in place): %+v", e)
+	}
+	if e, _ := after.Find("e4"); e.Role != Prefill || !e.Moved {
+		t.Fatalf("e4 (routing): %+v", e)
+	}
+	before := f.Snapshot()
+	for _, id := range []string{"e3", "e9"} { // pinned, unknown
+		if err := before.Move(id, Prefill, t1, "decision 2"); err == nil {
+			t.Errorf("%s: the preview moved it", id)
+		}
+	}
+	if !reflect.DeepEqual(before.Engines, f.Snapshot().Engines) {
+		t.Fatal("a refused preview changed the snapshot")
 	}
 }

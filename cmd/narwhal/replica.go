@@ -174,15 +174,8 @@ func (r *replica) persistDecision(f *fleet.Fleet, loads func() []router.EngineLo
 			if err != nil {
 				return err
 			}
-			for i := range snap.Engines {
-				switch e := &snap.Engines[i]; {
-				case e.ID != m.Engine:
-				case e.InPlace: // as fleet.StartSwitch
-					e.Lifecycle, e.LifecycleSince, e.SwitchTo, e.SwitchCause = fleet.Switching, now, role, controller.DecisionCause(d.Seq)
-				default:
-					e.Role, e.RoleSince, e.Moved = role, now, true
-				}
-			}
+			// A move the fleet will refuse is not in the state: ApplyDecision records it refused.
+			_ = snap.Move(m.Engine, role, now, controller.DecisionCause(d.Seq))
 		}
 		return r.save(state.Capture(snap, c, loads(), now))
 	}
