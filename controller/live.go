@@ -47,13 +47,38 @@ type Live struct {
 	dlog     *Log
 	persist  func(d *Decision, c Durable) error
 
-	triggers chan router.Trigger // handed over without waiting for an evaluation under way
+	triggers *Triggers // handed over without waiting for an evaluation under way
 
 	mu     sync.Mutex
 	c      *Controller
 	fork   *router.Router // the router as the last evaluation priced it (storage reused)
 	recent []Decision
-	kick   chan struct{}
+}
+
+// Triggers is the mailbox of urgent-wake triggers between the live router and the live
+// controller: the router's hook puts (never waiting: the data path calls it), the controller
+// takes. Built before both, so that neither needs the other to exist first.
+type Triggers struct {
+	queue chan router.Trigger
+	kick  chan struct{}
+}
+
+// NewTriggers returns an empty mailbox.
+func NewTriggers() *Triggers {
+	return &Triggers{queue: make(chan router.Trigger, 1024), kick: make(chan struct{}, 1)}
+}
+
+// Put hands over a trigger (router.Hooks.Trigger) and wakes the controller. Past 1,024 triggers
+// not yet taken, later ones are dropped: they would only have joined the pending evaluation.
+func (t *Triggers) Put(tr router.Trigger) {
+	select {
+	case t.queue <- tr:
+	default:
+	}
+	select {
+	case t.kick <- struct{}{}:
+	default:
+	}
 }
 
 // LiveOptions configure NewLive.
@@ -63,6 +88,9 @@ type LiveOptions struct {
 	Logger   *slog.Logger
 	Observer Observer
 	Log      *Log // the decision log; nil writes none
+	// Triggers is where the router's urgent triggers arrive (its Hooks.Trigger is Triggers.Put);
+	// nil: a mailbox of Live's own (Live.Trigger puts into it).
+	Triggers *Triggers
 	// Persist, when set, must make each decision durable before it is applied and logged: it
 	// gets the decision and the controller's durable state after it (its sequence number among
 	// them, so a successor never numbers a decision again), and an error keeps the decision's
@@ -76,29 +104,21 @@ func NewLive(c *Controller, o LiveOptions) *Live {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.Triggers == nil {
+		o.Triggers = NewTriggers()
+	}
 	return &Live{c: c, fleet: o.Fleet, router: o.Router, log: o.Logger, observer: o.Observer, dlog: o.Log, persist: o.Persist,
-		kick: make(chan struct{}, 1), triggers: make(chan router.Trigger, 1024)}
+		triggers: o.Triggers}
 }
 
-// Trigger hands the controller an urgent-wake trigger (router.Hooks.Trigger). It never waits:
-// the data path calls it. (Past 1,024 triggers not yet taken, later ones are dropped: they would
-// only have joined the pending evaluation.)
-func (l *Live) Trigger(tr router.Trigger) {
-	select {
-	case l.triggers <- tr:
-	default:
-	}
-	select {
-	case l.kick <- struct{}{}:
-	default:
-	}
-}
+// Trigger hands the controller an urgent-wake trigger (Triggers.Put).
+func (l *Live) Trigger(tr router.Trigger) { l.triggers.Put(tr) }
 
 // takeTriggers hands the triggers received so far to the controller; l.mu is held.
 func (l *Live) takeTriggers() {
 	for {
 		select {
-		case tr := <-l.triggers:
+		case tr := <-l.triggers.queue:
 			l.c.Trigger(tr)
 		default:
 			return
@@ -149,7 +169,7 @@ func (l *Live) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-timer.C:
-		case <-l.kick: // Reset above discards a stale tick (Go 1.23 timers)
+		case <-l.triggers.kick: // Reset above discards a stale tick (Go 1.23 timers)
 		}
 	}
 }

@@ -76,203 +76,269 @@ func newServe(g *globalFlags, stderr io.Writer) *cobra.Command {
 // shutdown_grace_s: readiness drops, new ext_proc streams are refused, residents finish (up to
 // the grace), then the xDS and admin servers stop. Listeners open first, so that a port in use
 // fails before anything runs. The durable state of an earlier run (state.dir) is restored first,
-// unless resetState.
+// unless resetState. Three steps: build (nothing runs yet), run, shut down.
 func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions io.Writer, resetState bool) error {
-	token, err := cfg.Admin.ResolveToken()
-	if err != nil {
-		return usageErr(err)
-	}
-	cfg.Admin.Token = token // the admin server compares with it
-	tlsSrv, err := newListenerTLS(cfg, log)
-	if err != nil {
-		return failureErr(err)
-	}
-	lns, err := listenAll(cfg)
+	s, err := build(ctx, cfg, log, decisions, resetState)
 	if err != nil {
 		return err
 	}
-	adminLn, extprocLn, xdsLn := lns[0], lns[1], lns[2]
+	defer s.release()
+	return s.shutdown(s.run(ctx))
+}
+
+// server is a built `narwhal serve`: its listeners open, the fleet restored, every server and
+// loop constructed, nothing running until run.
+type server struct {
+	cfg *config.Config
+	log *slog.Logger
+
+	adminLn, extprocLn, xdsLn net.Listener
+	releases                  []func() // undone at the end, last first: the state lock, the replica's lease
+
+	f        *fleet.Fleet
+	rep      *replica // replicas on etcd or a Lease (docs/ha.md); nil for a single instance
+	dlog     *controller.Log
+	live     *router.Live
+	roles    *controller.Live
+	persist  *persister
+	rec      *recorder
+	xds      *envoy.Server
+	xdsSrv   *grpc.Server
+	grpcSrv  *grpc.Server
+	health   *grpchealth.Server
+	ext      *extproc.Server
+	adm      *admin.Server
+	adminSrv *http.Server
+	tls      *listenerTLS
+	monitor  *controller.Monitor
+	switcher *controller.Switcher
+	files    *discovery.File       // the endpoints file (docs/discovery.md); nil without one
+	kube     *discovery.Kubernetes // pods as engines (docs/kubernetes.md); nil without
+
+	wg     sync.WaitGroup
+	errc   chan error
+	runCtx context.Context
+	cancel context.CancelFunc
+}
+
+// build opens the listeners, restores the fleet and constructs everything serve runs, its
+// servers and loops to live within ctx. On an error everything it opened is closed again.
+func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions io.Writer, resetState bool) (_ *server, err error) {
+	token, err := cfg.Admin.ResolveToken()
+	if err != nil {
+		return nil, usageErr(err)
+	}
+	cfg.Admin.Token = token // the admin server compares with it
+	s := &server{cfg: cfg, log: log, errc: make(chan error, 1)}
+	if s.tls, err = newListenerTLS(cfg, log); err != nil {
+		return nil, failureErr(err)
+	}
+	lns, err := listenAll(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.adminLn, s.extprocLn, s.xdsLn = lns[0], lns[1], lns[2]
+	defer func() {
+		if err != nil {
+			closeAll(lns)
+			s.release()
+		}
+	}()
 	start := time.Now()
 	f, err := fleet.New(cfg, start)
 	if err != nil {
-		closeAll(lns)
-		return usageErr(err)
+		return nil, usageErr(err)
 	}
-	var rep *replica // replicas on etcd (docs/ha.md); nil for a single instance
+	s.f = f
 	if cfg.HA.Enabled() {
 		host, _ := os.Hostname()
-		if rep, err = dialReplica(cfg, host+"/"+adminLn.Addr().String(), log); err != nil {
-			closeAll(lns)
-			return failureErr(err)
+		if s.rep, err = dialReplica(cfg, host+"/"+s.adminLn.Addr().String(), log); err != nil {
+			return nil, failureErr(err)
 		}
-		defer rep.resign()
+		s.releases = append(s.releases, s.rep.resign)
 	}
+	rep := s.rep
 	defaultDir := cfg.State.Dir == ""
 	if rep == nil { // one process per state directory (replicas keep theirs in the shared store)
 		if cfg.State.Dir, err = filepath.Abs(cfg.State.StateDir()); err != nil {
-			closeAll(lns)
-			return failureErr(fmt.Errorf("state.dir: %w", err))
+			return nil, failureErr(fmt.Errorf("state.dir: %w", err))
 		}
 		lock, err := state.Acquire(cfg.State.Dir)
 		if err != nil {
-			closeAll(lns)
-			return failureErr(err)
+			return nil, failureErr(err)
 		}
-		defer func() { _ = lock.Release() }()
+		s.releases = append(s.releases, func() { _ = lock.Release() })
 	}
 	back, err := loadState(cfg, f, resetState, rep, log)
 	if err != nil {
-		closeAll(lns)
-		return failureErr(err)
+		return nil, failureErr(err)
 	}
 	if rep == nil && defaultDir && back.controller == nil && !resetState {
-		// The default moved from ./narwhal-state to the user's state home: say where the old
-		// state is rather than start over silently.
-		if old, err := filepath.Abs(filepath.Join(config.LegacyStateDir, state.FileName)); err == nil && old != filepath.Join(cfg.State.Dir, state.FileName) {
-			if _, err := os.Stat(old); err == nil {
-				log.Warn("a durable state is in ./narwhal-state, where state.dir \"\" kept it before; this run keeps its state in "+cfg.State.Dir+": set state.dir to "+filepath.Dir(old)+" to continue from it",
-					"old", old, "state_dir", cfg.State.Dir)
-			}
-		}
+		warnLegacyState(cfg, log)
 	}
 	sizer, err := extproc.NewSizer(cfg.Router.Sizing)
 	if err != nil {
-		closeAll(lns)
-		return usageErr(fmt.Errorf("router.sizing: %w", err))
+		return nil, usageErr(fmt.Errorf("router.sizing: %w", err))
 	}
-	var dlog *controller.Log
 	if decisions != nil {
-		dlog = controller.NewLog(decisions, start, cfg, f.Snapshot())
+		s.dlog = controller.NewLog(decisions, start, cfg, f.Snapshot())
 	}
 	f.OnChange(func(ev fleet.Event) {
 		log.Info("fleet change", "version", ev.Version, "kind", ev.Kind, "engine", ev.Engine,
 			"from", ev.From, "to", ev.To, "pinned", ev.Pinned, "drained", ev.Held, "cause", ev.Cause)
-		dlog.Fleet(ev)
+		s.dlog.Fleet(ev)
 	})
 	reg := prometheus.NewRegistry()
 	metrics := admin.NewMetrics(reg, f, version)
-	var roles *controller.Live // the router's urgent triggers go to the role controller
+	triggers := controller.NewTriggers() // the router's urgent triggers, for the role controller
 	rt := router.New(cfg, f.Snapshot(), start)
 	rt.RestoreCorrections(back.corrections)
-	live := router.NewLive(rt, time.Now, router.Hooks{
+	s.live = router.NewLive(rt, time.Now, router.Hooks{
 		Eject:   func(e router.Ejection) { eject(f, e, log) },
-		Trigger: func(tr router.Trigger) { roles.Trigger(tr) },
+		Trigger: triggers.Put,
 	})
 	ctl := controller.New(cfg, start)
 	if back.controller != nil {
 		ctl.Restore(*back.controller)
 	}
-	save := func(s *state.File) error { return state.Save(cfg.State.StateDir(), s) }
+	save := func(st *state.File) error { return state.Save(cfg.State.StateDir(), st) }
 	if rep != nil {
 		save = rep.save
 		rep.register(reg)
 	}
-	persist := newPersister(save, f, nil, live, log, reg)
-	rec := newRecorder(cfg, start, f, live, reg)
+	s.persist = newPersister(save, f, nil, s.live, log, reg)
+	s.rec = newRecorder(cfg, start, f, s.live, reg)
 	var persistDecision func(*controller.Decision, controller.Durable) error
 	if rep != nil { // no decision, and so no role move, that a replica cannot persist
-		persistDecision = rep.persistDecision(f, func() []router.EngineLoad { return live.Snapshot().Engines })
+		persistDecision = rep.persistDecision(f, func() []router.EngineLoad { return s.live.Snapshot().Engines })
 	}
-	roles = controller.NewLive(ctl, controller.LiveOptions{
-		Fleet: f, Router: live, Logger: log, Observer: observers{admin.NewControllerMetrics(reg), persist, rec}, Log: dlog,
-		Persist: persistDecision,
+	s.roles = controller.NewLive(ctl, controller.LiveOptions{
+		Fleet: f, Router: s.live, Logger: log, Observer: observers{admin.NewControllerMetrics(reg), s.persist, s.rec}, Log: s.dlog,
+		Persist: persistDecision, Triggers: triggers,
 	})
-	persist.roles = roles
-	f.OnChange(func(fleet.Event) { persist.Kick() })
-	admin.RegisterRouter(reg, live)
-	runCtx, cancel := context.WithCancel(ctx) // the servers' and loops' life; ended after the drain
-	defer cancel()
-	xds := envoy.NewServer(runCtx, cfg.XDS.ClusterPrefix, f, log, reg)
-	xds.Restrict(cfg.XDS.Nodes, cfg.XDS.Identities)
-	xdsSrv := grpc.NewServer(append(envoy.ServerOptions(), tlsSrv.creds(tlsSrv.xds)...)...)
-	xds.Register(xdsSrv)
-	tlsSrv.register(reg)
+	s.persist.roles = s.roles
+	f.OnChange(func(fleet.Event) { s.persist.Kick() })
+	admin.RegisterRouter(reg, s.live)
+	s.runCtx, s.cancel = context.WithCancel(ctx) // the servers' and loops' life; ended after the drain at the latest
+	s.xds = envoy.NewServer(s.runCtx, cfg.XDS.ClusterPrefix, f, log, reg)
+	s.xds.Restrict(cfg.XDS.Nodes, cfg.XDS.Identities)
+	s.xdsSrv = grpc.NewServer(append(envoy.ServerOptions(), s.tls.creds(s.tls.xds)...)...)
+	s.xds.Register(s.xdsSrv)
+	s.tls.register(reg)
 	var haState func() admin.HAState
 	if rep != nil {
 		haState = rep.State
 	}
-	var files *discovery.File // the endpoints file (docs/discovery.md); nil without one
-	var discoveryState func() admin.DiscoveryState
 	if cfg.Discovery.File.Path != "" {
-		files = &discovery.File{Path: cfg.Discovery.File.Path, Resync: config.Seconds(cfg.Discovery.File.ResyncS),
+		s.files = &discovery.File{Path: cfg.Discovery.File.Path, Resync: config.Seconds(cfg.Discovery.File.ResyncS),
 			Source: discovery.NewSource(discovery.SourceFile, cfg), Fleet: f, Now: time.Now, Log: log}
 	}
-	var kube *discovery.Kubernetes // pods as engines (docs/kubernetes.md); nil without
 	if kc := cfg.Discovery.Kubernetes; kc.Enabled() {
-		if kube, err = newKubernetes(cfg, f, log); err != nil {
-			closeAll(lns)
-			return failureErr(err)
+		if s.kube, err = newKubernetes(cfg, f, log); err != nil {
+			s.cancel()
+			return nil, failureErr(err)
 		}
 	}
-	if files != nil || kube != nil {
-		discoveryState = func() admin.DiscoveryState {
-			var st admin.DiscoveryState
-			if files != nil {
-				fs := files.Status()
-				st.File = &fs
-			}
-			if kube != nil {
-				ks := kube.Status()
-				st.Kubernetes = &ks
-			}
-			return st
-		}
-	}
-	adm := admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log,
-		Router: live, Sizing: sizer.Errors, XDS: xds, Controller: roles, HA: haState, History: rec.ring, Discovery: discoveryState,
-		TLS: tlsSrv.status()})
-	grpcSrv := grpc.NewServer(append(extproc.GRPCServerOptions(cfg), tlsSrv.creds(tlsSrv.extproc)...)...)
-	health := grpchealth.NewServer() // Envoy's ext_proc cluster health-checks over gRPC
-	healthpb.RegisterHealthServer(grpcSrv, health)
-	ext := extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: live, Sizer: sizer,
+	s.adm = admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log,
+		Router: s.live, Sizing: sizer.Errors, XDS: s.xds, Controller: s.roles, HA: haState, History: s.rec.ring, Discovery: s.discoveryState(),
+		TLS: s.tls.status()})
+	s.grpcSrv = grpc.NewServer(append(extproc.GRPCServerOptions(cfg), s.tls.creds(s.tls.extproc)...)...)
+	s.health = grpchealth.NewServer() // Envoy's ext_proc cluster health-checks over gRPC
+	healthpb.RegisterHealthServer(s.grpcSrv, s.health)
+	s.ext = extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: s.live, Sizer: sizer,
 		Metrics: extproc.NewMetrics(reg), Logger: log, StreamLimit: extproc.StreamLimit(cfg, f.Snapshot().Engines)})
-	ext.Register(grpcSrv)
-
-	adminSrv := &http.Server{Handler: adm, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	if tlsSrv.admin != nil {
-		adminSrv.TLSConfig = tlsSrv.admin.Config()
+	s.ext.Register(s.grpcSrv)
+	s.adminSrv = &http.Server{Handler: s.adm, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	if s.tls.admin != nil {
+		s.adminSrv.TLSConfig = s.tls.admin.Config()
 	}
-
 	prober := &engineclient.HTTPProber{
 		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: 30 * time.Second}},
 		Path:   cfg.Health.Path,
 	}
-	monitor := controller.NewMonitor(cfg.Health, f, prober, controller.RealClock{}, metrics, log)
-	switcher := &controller.Switcher{Fleet: f, Router: live, Logger: log, Timeout: config.Seconds(cfg.Controller.SwitchTimeoutS),
+	s.monitor = controller.NewMonitor(cfg.Health, f, prober, controller.RealClock{}, metrics, log)
+	s.switcher = &controller.Switcher{Fleet: f, Router: s.live, Logger: log, Timeout: config.Seconds(cfg.Controller.SwitchTimeoutS),
 		Client: engineclient.SGLangSwitch{Client: &http.Client{}}} // engines with switch: sglang
-	resolveAll(ctx, f, cfg.Health, log) // placements carry IP:port from the first request on
+	return s, nil
+}
 
-	var wg sync.WaitGroup
-	errc := make(chan error, 1)
-	fail := func(err error) { // the first failure stops serve; later ones add nothing
-		select {
-		case errc <- err:
-		default:
-		}
+// discoveryState is /narwhal/state's discovery: nil without a source.
+func (s *server) discoveryState() func() admin.DiscoveryState {
+	if s.files == nil && s.kube == nil {
+		return nil
 	}
-	wg.Go(func() {
-		serveAdmin := adminSrv.Serve
-		if tlsSrv.admin != nil {
-			serveAdmin = func(ln net.Listener) error { return adminSrv.ServeTLS(ln, "", "") }
+	return func() admin.DiscoveryState {
+		var st admin.DiscoveryState
+		if s.files != nil {
+			fs := s.files.Status()
+			st.File = &fs
 		}
-		if err := serveAdmin(adminLn); !errors.Is(err, http.ErrServerClosed) {
-			fail(fmt.Errorf("admin server: %w", err))
+		if s.kube != nil {
+			ks := s.kube.Status()
+			st.Kubernetes = &ks
+		}
+		return st
+	}
+}
+
+// warnLegacyState points at a state left where state.dir "" kept it before (./narwhal-state)
+// rather than start over silently.
+func warnLegacyState(cfg *config.Config, log *slog.Logger) {
+	old, err := filepath.Abs(filepath.Join(config.LegacyStateDir, state.FileName))
+	if err != nil || old == filepath.Join(cfg.State.Dir, state.FileName) {
+		return
+	}
+	if _, err := os.Stat(old); err == nil {
+		log.Warn("a durable state is in ./narwhal-state, where state.dir \"\" kept it before; this run keeps its state in "+cfg.State.Dir+": set state.dir to "+filepath.Dir(old)+" to continue from it",
+			"old", old, "state_dir", cfg.State.Dir)
+	}
+}
+
+// release undoes what build took (the state lock, the replica's lease), last first.
+func (s *server) release() {
+	for i := len(s.releases) - 1; i >= 0; i-- {
+		s.releases[i]()
+	}
+	s.releases = nil
+}
+
+// fail records the first failure, which stops serve; later ones add nothing.
+func (s *server) fail(err error) {
+	select {
+	case s.errc <- err:
+	default:
+	}
+}
+
+// run starts the servers and loops and waits until ctx is done or one fails; it returns that
+// failure (nil for ctx).
+func (s *server) run(ctx context.Context) error {
+	cfg, log, f := s.cfg, s.log, s.f
+	resolveAll(ctx, f, cfg.Health, log) // placements carry IP:port from the first request on
+	s.wg.Go(func() {
+		serveAdmin := s.adminSrv.Serve
+		if s.tls.admin != nil {
+			serveAdmin = func(ln net.Listener) error { return s.adminSrv.ServeTLS(ln, "", "") }
+		}
+		if err := serveAdmin(s.adminLn); !errors.Is(err, http.ErrServerClosed) {
+			s.fail(fmt.Errorf("admin server: %w", err))
 		}
 	})
-	wg.Go(func() {
-		if err := grpcSrv.Serve(extprocLn); err != nil {
-			fail(fmt.Errorf("ext_proc server: %w", err))
+	s.wg.Go(func() {
+		if err := s.grpcSrv.Serve(s.extprocLn); err != nil {
+			s.fail(fmt.Errorf("ext_proc server: %w", err))
 		}
 	})
-	wg.Go(func() {
-		if err := xdsSrv.Serve(xdsLn); err != nil {
-			fail(fmt.Errorf("xDS server: %w", err))
+	s.wg.Go(func() {
+		if err := s.xdsSrv.Serve(s.xdsLn); err != nil {
+			s.fail(fmt.Errorf("xDS server: %w", err))
 		}
 	})
-	wg.Go(func() { _ = xds.Run(runCtx) })
-	wg.Go(func() { _ = live.Run(runCtx) })
-	wg.Go(func() { live.Follow(runCtx, f) })
-	wg.Go(func() { // the engines that can decode bound the streams served: follow the fleet
+	runCtx := s.runCtx
+	s.wg.Go(func() { _ = s.xds.Run(runCtx) })
+	s.wg.Go(func() { _ = s.live.Run(runCtx) })
+	s.wg.Go(func() { s.live.Follow(runCtx, f) })
+	s.wg.Go(func() { // the engines that can decode bound the streams served: follow the fleet
 		changed, stop := f.Subscribe()
 		defer stop()
 		for {
@@ -280,60 +346,21 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 			case <-runCtx.Done():
 				return
 			case <-changed:
-				ext.SetStreamLimit(extproc.StreamLimit(cfg, f.Snapshot().Engines))
+				s.ext.SetStreamLimit(extproc.StreamLimit(cfg, f.Snapshot().Engines))
 			}
 		}
 	})
-	wg.Go(func() { rec.Run(runCtx, config.Seconds(cfg.Admin.History.IntervalS)) })
-	// The leader's loops: the health monitor, the role controller, the switcher of in-place
-	// role switches and the state writer. A single instance leads from the start; a replica once
-	// it wins the election.
-	lead := func() {
-		wg.Go(func() { _ = monitor.Run(runCtx) })
-		wg.Go(func() { _ = roles.Run(runCtx) })
-		wg.Go(func() { switcher.Run(runCtx) })
-		wg.Go(func() { persist.Run(runCtx) }) // its last write follows the drain
-		if files != nil {
-			wg.Go(func() {
-				if err := files.Run(runCtx); err != nil {
-					fail(err)
-				}
-			})
-		}
-		if kube != nil {
-			wg.Go(func() {
-				if err := kube.Run(runCtx); err != nil {
-					fail(err)
-				}
-			})
-		}
-		persist.Kick() // the first start writes the config's state at once
-		health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-		adm.SetReady(true)
-	}
-	if rep == nil {
-		lead()
+	s.wg.Go(func() { s.rec.Run(runCtx, config.Seconds(cfg.Admin.History.IntervalS)) })
+	if s.rep == nil {
+		s.lead()
 	} else {
 		// A standby answers Envoy's health check NOT_SERVING (streams go to the leader) and
 		// /readyz 503, and serves xDS from the leader's state.
-		health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-		persist.lost = func(err error) {
-			fail(fmt.Errorf("ha: a state write was fenced off (%w); exiting so that this replica restarts as a standby", err))
+		s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+		s.persist.lost = func(err error) {
+			s.fail(fmt.Errorf("ha: a state write was fenced off (%w); exiting so that this replica restarts as a standby", err))
 		}
-		take := func(file *state.File) {
-			defer func() { dlog.Snapshot(time.Now(), f.Snapshot()) }() // the roles this leader starts from
-			if file == nil {
-				return
-			}
-			b, err := restore(cfg, f, file, rep.where, log)
-			if err != nil {
-				log.Error("ha: the state does not restore", "err", err)
-				return
-			}
-			live.Do(func(_ time.Time, r *router.Router) { r.RestoreCorrections(b.corrections) })
-			roles.Restore(*b.controller)
-		}
-		wg.Go(func() { rep.lead(runCtx, f, take, lead, fail) })
+		s.wg.Go(func() { s.rep.lead(runCtx, f, s.take, s.lead, s.fail) })
 	}
 	p, d := 0, 0 // the roles serving starts with: the config's, or the durable state's
 	snap := f.Snapshot()
@@ -344,48 +371,96 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 			d++
 		}
 	}
-	log.Info("narwhal serving", "version", version, "admin", adminLn.Addr().String(),
-		"extproc", extprocLn.Addr().String(), "xds", xdsLn.Addr().String(), "engines", len(snap.Engines), "prefill", p, "decode", d,
+	log.Info("narwhal serving", "version", version, "admin", s.adminLn.Addr().String(),
+		"extproc", s.extprocLn.Addr().String(), "xds", s.xdsLn.Addr().String(), "engines", len(snap.Engines), "prefill", p, "decode", d,
 		"discovery_file", cfg.Discovery.File.Path, "discovery_kubernetes", cfg.Discovery.Kubernetes.Namespace,
-		"tls", tlsSrv.summary(), "state_dir", stateDirOf(cfg, rep))
-
-	var runErr error
+		"tls", s.tls.summary(), "state_dir", stateDirOf(cfg, s.rep))
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down", "grace_s", cfg.ShutdownGraceS)
-	case runErr = <-errc:
-		log.Error("shutting down", "err", runErr)
+		return nil
+	case err := <-s.errc:
+		log.Error("shutting down", "err", err)
+		return err
 	}
-	adm.SetReady(false)
-	health.Shutdown() // NOT_SERVING: Envoy's health check sees the drain
+}
+
+// lead starts the leader's loops: the health monitor, the role controller, the switcher of
+// in-place role switches, the state writer and the discovery sources. A single instance leads
+// from the start; a replica once it wins the election.
+func (s *server) lead() {
+	runCtx := s.runCtx
+	s.wg.Go(func() { _ = s.monitor.Run(runCtx) })
+	s.wg.Go(func() { _ = s.roles.Run(runCtx) })
+	s.wg.Go(func() { s.switcher.Run(runCtx) })
+	s.wg.Go(func() { s.persist.Run(runCtx) }) // its last write follows the drain
+	if s.files != nil {
+		s.wg.Go(func() {
+			if err := s.files.Run(runCtx); err != nil {
+				s.fail(err)
+			}
+		})
+	}
+	if s.kube != nil {
+		s.wg.Go(func() {
+			if err := s.kube.Run(runCtx); err != nil {
+				s.fail(err)
+			}
+		})
+	}
+	s.persist.Kick() // the first start writes the config's state at once
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.adm.SetReady(true)
+}
+
+// take restores the state a replica takes over with (nil: none yet).
+func (s *server) take(file *state.File) {
+	defer func() { s.dlog.Snapshot(time.Now(), s.f.Snapshot()) }() // the roles this leader starts from
+	if file == nil {
+		return
+	}
+	b, err := restore(s.cfg, s.f, file, s.rep.where, s.log)
+	if err != nil {
+		s.log.Error("ha: the state does not restore", "err", err)
+		return
+	}
+	s.live.Do(func(_ time.Time, r *router.Router) { r.RestoreCorrections(b.corrections) })
+	s.roles.Restore(*b.controller)
+}
+
+// shutdown drains within shutdown_grace_s and stops everything; runErr is run's failure.
+func (s *server) shutdown(runErr error) error {
+	cfg, log := s.cfg, s.log
+	s.adm.SetReady(false)
+	s.health.Shutdown() // NOT_SERVING: Envoy's health check sees the drain
 	grace, cancelGrace := context.WithTimeout(context.Background(), config.Seconds(cfg.ShutdownGraceS))
 	defer cancelGrace()
 	// Stop admitting (new ext_proc streams are refused); let residents finish, and waiting
 	// requests be placed, within the grace. Then every request still waiting is answered 503
 	// shutting_down before the server stops.
 	stopped := make(chan struct{})
-	go func() { grpcSrv.GracefulStop(); close(stopped) }()
+	go func() { s.grpcSrv.GracefulStop(); close(stopped) }()
 	select {
 	case <-stopped:
 	case <-grace.Done():
-		live.Shutdown()
+		s.live.Shutdown()
 		answers, cancelAnswers := context.WithTimeout(context.Background(), answerGrace)
-		if err := ext.AwaitAnswers(answers); err != nil {
+		if err := s.ext.AwaitAnswers(answers); err != nil {
 			log.Warn("requests left without an answer at shutdown", "err", err)
 		}
 		cancelAnswers()
 		// grpc-go queues replies and has no flush: Stop drops what its writers hold. Let them
 		// write the 503s first.
 		time.Sleep(flushPause)
-		grpcSrv.Stop()
+		s.grpcSrv.Stop()
 		<-stopped
 	}
-	xdsSrv.Stop() // ADS streams never end by themselves; Envoy keeps its last config
-	if err := adminSrv.Shutdown(grace); err != nil {
-		_ = adminSrv.Close()
+	s.xdsSrv.Stop() // ADS streams never end by themselves; Envoy keeps its last config
+	if err := s.adminSrv.Shutdown(grace); err != nil {
+		_ = s.adminSrv.Close()
 	}
-	cancel()
-	wg.Wait()
+	s.cancel()
+	s.wg.Wait()
 	if runErr != nil {
 		return failureErr(runErr)
 	}
