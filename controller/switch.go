@@ -84,19 +84,30 @@ func (s *Switcher) Run(ctx context.Context) {
 	}
 }
 
+// Switching reports whether the engine is held for an in-place switch (and not yet ended).
+func Switching(e fleet.Engine) bool { return e.SwitchTo != 0 && e.Lifecycle == fleet.Switching }
+
+// SwitchDue is the switcher's rule, the same in serve and in the simulator: an engine held for
+// an in-place switch is asked once the router shows nothing resident on it (no prefill, no
+// decode stream, no stream reserved by a request still prefilling elsewhere).
+func SwitchDue(e fleet.Engine, l router.EngineLoad) bool {
+	return Switching(e) && l.PrefillResidents+l.DecodeResidents+l.ReservedStreams == 0
+}
+
 // carry takes one engine's switch to its end.
 func (s *Switcher) carry(ctx context.Context, id string) {
 	switching := func() (fleet.Engine, bool) {
 		e, ok := s.Fleet.Engine(id)
-		return e, ok && e.SwitchTo != 0 && e.Lifecycle == fleet.Switching
+		return e, ok && Switching(e)
 	}
 	err := s.Router.Await(ctx, func(snap router.Snapshot) bool {
-		if _, ok := switching(); !ok {
+		e, ok := switching()
+		if !ok {
 			return true
 		}
 		for _, l := range snap.Engines {
 			if l.ID == id {
-				return l.PrefillResidents+l.DecodeResidents+l.ReservedStreams == 0
+				return SwitchDue(e, l)
 			}
 		}
 		return true

@@ -396,8 +396,7 @@ func (s *run) switches() {
 	}
 	changed := false
 	for _, l := range s.r.Snapshot(s.now).Engines {
-		e, _ := s.f.Engine(l.ID)
-		if e.Lifecycle != fleet.Switching || l.PrefillResidents+l.DecodeResidents+l.ReservedStreams > 0 {
+		if e, _ := s.f.Engine(l.ID); !controller.SwitchDue(e, l) {
 			continue
 		}
 		if _, err := s.f.AskSwitch(l.ID, s.now, "its residents finished"); err == nil {
