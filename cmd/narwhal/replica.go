@@ -47,6 +47,13 @@ type replica struct {
 	revision int64
 	lastErr  error // of the last state write
 
+	// saveMu orders the state writes of this replica: the state writer's and each decision's
+	// (Persist) run concurrently, and a state captured before a decision must not land after it
+	// (it would take the decision's sequence number back, and a successor would number a
+	// decision again). newest is the capture time of the last state written.
+	saveMu sync.Mutex
+	newest time.Time
+
 	leader    prometheus.Gauge
 	elections prometheus.Counter
 }
@@ -144,8 +151,14 @@ func (r *replica) load(ctx context.Context) (*state.File, error) {
 // controller's lock), so an unreachable etcd must fail it quickly.
 const saveTimeout = 2 * time.Second
 
-// save writes the state, fenced by this replica's leadership.
+// save writes the state, fenced by this replica's leadership. A state captured before the last
+// one written is stale: it is not written (nil: what it holds is already durable, and newer).
 func (r *replica) save(f *state.File) error {
+	r.saveMu.Lock()
+	defer r.saveMu.Unlock()
+	if f.Written.Before(r.newest) {
+		return nil
+	}
 	data, err := state.Encode(f)
 	if err != nil {
 		return err
@@ -158,6 +171,7 @@ func (r *replica) save(f *state.File) error {
 	r.mu.Unlock()
 	if err == nil {
 		r.setRevision(rev)
+		r.newest = f.Written
 	}
 	return err
 }
