@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/narwhal-llm/narwhal/config"
-	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/envoy"
 	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/fleet"
@@ -44,9 +44,9 @@ type Options struct {
 	HA func() HAState
 	// Controller reports the last decisions and the arrival-evidence window; nil without it.
 	Controller interface {
-		Recent() []controller.Decision
-		Window() controller.WindowState
-		Advise(prefill, decode int, reason string) (controller.Decision, error)
+		Recent() []decisionlog.Decision
+		Window() decisionlog.WindowState
+		Advise(prefill, decode int, reason string) (decisionlog.Decision, error)
 	}
 	// Discovery reports the sources that add and remove engines at run time; nil without any.
 	Discovery func() DiscoveryState
@@ -54,7 +54,7 @@ type Options struct {
 	// nil when none serves TLS.
 	TLS func() map[string]tlsfiles.Status
 	// History is the history ring GET /narwhal/history serves; nil keeps none.
-	History *history.Ring[controller.Decision]
+	History *history.Ring[decisionlog.Decision]
 }
 
 // Server is the admin HTTP API. Create it with New; it is ready once SetReady(true).
@@ -142,7 +142,7 @@ func (s *Server) Snapshot() State {
 		Advisory:       s.o.Config.Controller.Advisory,
 		EvidenceWindow: EvidenceWindow{Open: true, OpenedAt: rfc3339(s.o.Start)},
 		Sizing:         []SizingState{},
-		Decisions:      []controller.Decision{},
+		Decisions:      []decisionlog.Decision{},
 	}
 	if s.o.Controller != nil {
 		w := s.o.Controller.Window()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
 )
@@ -50,11 +51,11 @@ func TestAdvise(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("%d %s", code, body)
 	}
-	var d controller.Decision
+	var d decisionlog.Decision
 	if err := json.Unmarshal([]byte(body), &d); err != nil {
 		t.Fatal(err)
 	}
-	if d.Caller != "api" || d.Outcome != "advisory" || d.Reason != "try" || d.SplitAfter != (controller.Split{Prefill: 2, Decode: 1}) ||
+	if d.Caller != "api" || d.Outcome != "advisory" || d.Reason != "try" || d.SplitAfter != (decisionlog.Split{Prefill: 2, Decode: 1}) ||
 		!strings.HasPrefix(d.AdvisoryResult, "blocked:") && d.AdvisoryResult != "would_move" || len(d.Moves) != 0 || len(d.Gates) == 0 {
 		t.Fatalf("%+v", d)
 	}

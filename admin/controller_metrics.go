@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 )
 
 // ControllerMetrics count the role controller's evaluations, moves and gate blocks.
@@ -35,26 +36,25 @@ func NewControllerMetrics(reg prometheus.Registerer) *ControllerMetrics {
 	}
 	reg.MustRegister(m.moves, m.evaluations, m.blocks, m.seconds)
 	// Every series a dashboard reads exists from the start, at 0 (not "no data").
-	callers := []string{controller.CallerRegular, controller.CallerUrgent, controller.CallerRepair, controller.CallerReadmission, controller.CallerAPI}
-	for _, c := range callers {
-		m.moves.WithLabelValues("prefill", "decode", c)
-		m.moves.WithLabelValues("decode", "prefill", c)
-		for _, o := range []string{controller.OutcomeMoved, controller.OutcomeRetained, controller.OutcomeBlocked, controller.OutcomeDropped, controller.OutcomeAdvisory} {
-			m.evaluations.WithLabelValues(c, o)
+	for _, c := range decisionlog.Callers {
+		m.moves.WithLabelValues("prefill", "decode", string(c))
+		m.moves.WithLabelValues("decode", "prefill", string(c))
+		for _, o := range decisionlog.Outcomes {
+			m.evaluations.WithLabelValues(string(c), string(o))
 		}
 	}
-	for _, g := range controller.Gates {
+	for _, g := range decisionlog.Gates {
 		m.blocks.WithLabelValues(g)
 	}
 	return m
 }
 
 // ObserveDecision counts one decision.
-func (m *ControllerMetrics) ObserveDecision(d *controller.Decision, took time.Duration) {
-	m.evaluations.WithLabelValues(d.Caller, d.Outcome).Inc()
+func (m *ControllerMetrics) ObserveDecision(d *decisionlog.Decision, took time.Duration) {
+	m.evaluations.WithLabelValues(string(d.Caller), string(d.Outcome)).Inc()
 	m.seconds.Observe(took.Seconds())
 	for _, mv := range d.Moves {
-		m.moves.WithLabelValues(mv.From, mv.To, d.Caller).Inc()
+		m.moves.WithLabelValues(mv.From, mv.To, string(d.Caller)).Inc()
 	}
 	for _, g := range d.Gates {
 		if !g.Passed {

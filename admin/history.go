@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/history"
 )
 
@@ -33,7 +33,7 @@ func (s *Server) history(w http.ResponseWriter, r *http.Request) {
 	samples, decisions := s.o.History.Since(since)
 	_, _, sc, dc := s.o.History.Len()
 	h := s.o.Config.Admin.History
-	writeJSON(w, http.StatusOK, history.Document[controller.Decision]{Epoch: s.o.Start, IntervalS: h.IntervalS,
+	writeJSON(w, http.StatusOK, history.Document[decisionlog.Decision]{Epoch: s.o.Start, IntervalS: h.IntervalS,
 		Capacity: history.Capacity{Samples: sc, Decisions: dc}, Advisory: s.o.Config.Controller.Advisory, SLO: s.o.Config.SLO,
 		Samples: nonNil(samples), Decisions: nonNil(decisions)})
 }

@@ -4,7 +4,7 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
-	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/discovery"
 	"github.com/narwhal-llm/narwhal/envoy"
 	"github.com/narwhal-llm/narwhal/fleet"
@@ -31,7 +31,7 @@ type State struct {
 	Discovery      *DiscoveryState            `json:"discovery,omitempty"` // engines from sources at run time; absent without any
 	TLS            map[string]tlsfiles.Status `json:"tls,omitempty"`       // the certificate each TLS listener serves, by listener
 	EvidenceWindow EvidenceWindow             `json:"evidence_window"`
-	Decisions      []controller.Decision      `json:"decisions"` // the last records, oldest first
+	Decisions      []decisionlog.Decision     `json:"decisions"` // the last records, oldest first
 }
 
 // HAState is this replica's standing among replicas on etcd (docs/ha.md).

@@ -13,30 +13,31 @@
 package audit
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
 	"slices"
 	"sort"
+
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/decisionlog"
+	"github.com/narwhal-llm/narwhal/fleet"
 )
 
-// Rules are the config values the audit checks against (the log's config line, or a config
-// file's controller section).
-type Rules struct {
-	Advisory   bool `json:"advisory"`
-	MinPrefill int  `json:"min_prefill"`
-	MinDecode  int  `json:"min_decode"`
-	Reactive   struct {
-		EvidenceSpanS       float64 `json:"evidence_span_s"`
-		EvidenceMinArrivals int     `json:"evidence_min_arrivals"`
-		EvidenceMaxSpanS    float64 `json:"evidence_max_span_s"`
-	} `json:"reactive"`
-	Thresholds struct {
-		CooldownS float64 `json:"cooldown_s"`
-		DwellS    float64 `json:"dwell_s"`
-	} `json:"thresholds"`
+// rules are the config values the audit checks against (the log's config line, or a config
+// file's controller section), comparable: the logs of one fleet must agree on them.
+type rules struct {
+	advisory                    bool
+	minPrefill, minDecode       int
+	evidenceSpanS, evidenceMaxS float64
+	evidenceMinArrivals         int
+	cooldownS, dwellS           float64
+}
+
+func rulesOf(c *config.Controller) rules {
+	return rules{advisory: c.Advisory, minPrefill: c.MinPrefill, minDecode: c.MinDecode,
+		evidenceSpanS: c.Reactive.EvidenceSpanS, evidenceMaxS: c.Reactive.EvidenceMaxSpanS, evidenceMinArrivals: c.Reactive.EvidenceMinArrivals,
+		cooldownS: c.Thresholds.CooldownS, dwellS: c.Thresholds.DwellS}
 }
 
 // Violation is one broken rule, at the log line that shows it.
@@ -62,41 +63,6 @@ type Log struct {
 	R    io.Reader
 }
 
-// record is one log line, as much of it as the audit reads.
-type record struct {
-	Kind       string          `json:"kind"`
-	TimeS      float64         `json:"time_s"`
-	Controller json.RawMessage `json:"controller"`
-	EpochUnixS *float64        `json:"epoch_unix_s"` // the config line: the wall clock at time_s 0
-	Event      string          `json:"event"`
-	Engines    []struct {
-		ID        string `json:"id"`
-		Role      string `json:"role"`
-		Lifecycle string `json:"lifecycle"`
-		Pinned    bool   `json:"pinned"`
-	} `json:"engines"`
-	Engine   string  `json:"engine"`
-	From     string  `json:"from"`
-	To       string  `json:"to"`
-	Pinned   bool    `json:"pinned"`
-	Decision *uint64 `json:"decision"`
-	Seq      uint64  `json:"seq"`
-	Caller   string  `json:"caller"`
-	Switch   string  `json:"switch"` // a decision: how its engines change role (routing, sglang)
-	Result   string  `json:"result"` // a switch event: asked, succeeded, failed, abandoned
-	Cause    string  `json:"cause"`
-	Outcome  string  `json:"outcome"`
-	Moves    []struct {
-		Engine, From, To string
-	} `json:"moves"`
-	Inputs struct {
-		EvidenceWindow struct {
-			OpenedAtS float64 `json:"opened_at_s"`
-			Arrivals  uint64  `json:"arrivals"`
-		} `json:"evidence_window"`
-	} `json:"inputs"`
-}
-
 type engine struct {
 	role, lifecycle string
 	pinned          bool
@@ -117,16 +83,16 @@ type Result struct {
 	Violations    []Violation
 }
 
-// Audit reads a decision log and checks it. rules overrides the log's config line when not
+// Audit reads a decision log and checks it. ctl overrides the log's config line when not
 // nil. A malformed log is an error naming its line.
-func Audit(r io.Reader, rules *Rules) (Result, error) {
-	return AuditLogs([]Log{{R: r}}, rules)
+func Audit(r io.Reader, ctl *config.Controller) (Result, error) {
+	return AuditLogs([]Log{{R: r}}, ctl)
 }
 
-// entry is one line of one log, its time moved onto the merged clock.
+// entry is one line of one log, its times moved onto the merged clock.
 type entry struct {
-	log, line int
-	rec       record
+	log int
+	decisionlog.Line
 }
 
 // read parses every line of the logs. With more than one, each log's times are moved onto the
@@ -136,27 +102,19 @@ func read(logs []Log) ([]entry, error) {
 	var all []entry
 	epochs := make([]float64, len(logs))
 	for i, l := range logs {
-		at := func(line int) string {
-			if len(logs) > 1 {
-				return fmt.Sprintf("%s: line %d", l.Name, line)
-			}
-			return fmt.Sprintf("line %d", line)
-		}
-		sc := bufio.NewScanner(l.R)
-		sc.Buffer(make([]byte, 1<<20), 64<<20)
 		epoch := math.NaN()
-		for line := 1; sc.Scan(); line++ {
-			var rec record
-			if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-				return nil, fmt.Errorf("audit: %s: %w", at(line), err)
+		err := decisionlog.Read(l.R, func(line decisionlog.Line) error {
+			if c := line.Config; c != nil && c.EpochUnixS != nil && math.IsNaN(epoch) {
+				epoch = *c.EpochUnixS
 			}
-			if rec.Kind == "config" && rec.EpochUnixS != nil && math.IsNaN(epoch) {
-				epoch = *rec.EpochUnixS
-			}
-			all = append(all, entry{log: i, line: line, rec: rec})
-		}
-		if err := sc.Err(); err != nil {
+			line.Raw = nil
+			all = append(all, entry{log: i, Line: line})
+			return nil
+		})
+		if err != nil && len(logs) > 1 {
 			return nil, fmt.Errorf("audit: %s: %w", l.Name, err)
+		} else if err != nil {
+			return nil, fmt.Errorf("audit: %w", err)
 		}
 		if len(logs) > 1 && math.IsNaN(epoch) {
 			return nil, fmt.Errorf("audit: %s: no config line with epoch_unix_s: it cannot be merged with the other logs", l.Name)
@@ -166,15 +124,24 @@ func read(logs []Log) ([]entry, error) {
 	if len(logs) > 1 {
 		first := slices.Min(epochs)
 		for i := range all {
-			off := epochs[all[i].log] - first
-			all[i].rec.TimeS += off
-			if all[i].rec.Kind == "decision" {
-				all[i].rec.Inputs.EvidenceWindow.OpenedAtS += off
-			}
+			shift(&all[i].Line, epochs[all[i].log]-first)
 		}
-		sort.SliceStable(all, func(i, j int) bool { return all[i].rec.TimeS < all[j].rec.TimeS })
+		sort.SliceStable(all, func(i, j int) bool { return all[i].TimeS() < all[j].TimeS() })
 	}
 	return all, nil
+}
+
+// shift moves a line's times by off seconds.
+func shift(l *decisionlog.Line, off float64) {
+	switch {
+	case l.Config != nil:
+		l.Config.TimeS += off
+	case l.Fleet != nil:
+		l.Fleet.TimeS += off
+	default:
+		l.Decision.TimeS += off
+		l.Decision.Inputs.EvidenceWindow.OpenedAtS += off
+	}
 }
 
 // AuditLogs checks several decision logs as one: the logs of the replicas of one fleet (each
@@ -182,11 +149,11 @@ func read(logs []Log) ([]entry, error) {
 // configs must agree. A later fleet snapshot (a replica's start, or its takeover) re-bases the
 // engines it names; an engine whose role it does not change keeps its last role change for
 // dwell.
-func AuditLogs(logs []Log, rules *Rules) (Result, error) {
+func AuditLogs(logs []Log, ctl *config.Controller) (Result, error) {
 	a := &auditor{logs: logs, engines: map[string]*engine{}, lastToDecode: math.Inf(-1),
-		events: map[decisionKey][]int{}, decisions: map[decisionKey]*record{}, haveCfg: rules != nil}
-	if rules != nil {
-		a.cfg = *rules
+		events: map[decisionKey][]int{}, decisions: map[decisionKey]*decisionlog.Decision{}, haveCfg: ctl != nil}
+	if ctl != nil {
+		a.cfg = rulesOf(ctl)
 	}
 	all, err := read(logs)
 	if err != nil {
@@ -222,7 +189,7 @@ type auditor struct {
 	en      entry // the line being read
 	engines map[string]*engine
 
-	cfg      Rules
+	cfg      rules
 	haveCfg  bool
 	fromLog  bool // cfg is a log's config line
 	snapshot bool // a fleet snapshot has been read
@@ -231,7 +198,7 @@ type auditor struct {
 	lastSeq      *entry
 	// role events seen per decision, and decisions seen, for the pairing checks
 	events    map[decisionKey][]int
-	decisions map[decisionKey]*record
+	decisions map[decisionKey]*decisionlog.Decision
 	pending   []pendingEvent
 }
 
@@ -252,51 +219,48 @@ func (a *auditor) name(log int) string {
 // where is the current line, for errors.
 func (a *auditor) where() string {
 	if n := a.name(a.en.log); n != "" {
-		return fmt.Sprintf("%s: line %d", n, a.en.line)
+		return fmt.Sprintf("%s: line %d", n, a.en.Num)
 	}
-	return fmt.Sprintf("line %d", a.en.line)
+	return fmt.Sprintf("line %d", a.en.Num)
 }
 
 // violate records a violation of rule at the current line.
 func (a *auditor) violate(rule, format string, args ...any) {
-	a.res.Violations = append(a.res.Violations, Violation{Log: a.name(a.en.log), Line: a.en.line, TimeS: a.en.rec.TimeS, Rule: rule, Detail: fmt.Sprintf(format, args...)})
+	a.res.Violations = append(a.res.Violations, Violation{Log: a.name(a.en.log), Line: a.en.Num, TimeS: a.en.TimeS(), Rule: rule, Detail: fmt.Sprintf(format, args...)})
 }
 
 // record reads the current line by its kind.
 func (a *auditor) record() error {
-	rec := &a.en.rec
+	rec := a.en.Fleet
 	switch {
-	case rec.Kind == "config":
+	case a.en.Config != nil:
 		return a.config()
-	case rec.Kind == "fleet" && rec.Event == "snapshot":
+	case a.en.Decision != nil:
+		a.decision()
+	case rec.Event == decisionlog.Snapshot:
 		a.fleetSnapshot()
-	case rec.Kind == "fleet" && !a.snapshot:
+	case !a.snapshot:
 		return fmt.Errorf("audit: %s: a fleet event before the fleet snapshot", a.where())
-	case rec.Kind == "fleet" && rec.Event == "added":
+	case rec.Event == fleet.EventAdded:
 		if a.engines[rec.Engine] != nil {
 			return fmt.Errorf("audit: %s: engine %q added twice", a.where(), rec.Engine)
 		}
 		a.engines[rec.Engine] = &engine{role: rec.To, lifecycle: "recovering", roleSince: math.Inf(-1)}
-	case rec.Kind == "fleet" && rec.Event == "removed":
+	case rec.Event == fleet.EventRemoved:
 		if a.engines[rec.Engine] == nil {
 			return fmt.Errorf("audit: %s: unknown engine %q removed", a.where(), rec.Engine)
 		}
 		delete(a.engines, rec.Engine)
-	case rec.Kind == "fleet":
+	default:
 		return a.fleetEvent()
-	case rec.Kind == "decision":
-		a.decision()
 	}
 	return nil
 }
 
-// config takes the controller config of a config line: the first log's, unless rules were
-// given; the other logs' must agree with it.
+// config takes the controller config of a config line: the first log's, unless one was given;
+// the other logs' must agree with it.
 func (a *auditor) config() error {
-	var c Rules
-	if err := json.Unmarshal(a.en.rec.Controller, &c); err != nil {
-		return fmt.Errorf("audit: %s: controller config: %w", a.where(), err)
-	}
+	c := rulesOf(&a.en.Config.Controller)
 	switch {
 	case !a.haveCfg:
 		a.cfg, a.haveCfg, a.fromLog = c, true, true
@@ -309,7 +273,7 @@ func (a *auditor) config() error {
 // fleetSnapshot re-bases the engines it names; one whose role it leaves unchanged keeps its last
 // role change (dwell holds across a takeover).
 func (a *auditor) fleetSnapshot() {
-	for _, e := range a.en.rec.Engines {
+	for _, e := range a.en.Fleet.Engines {
 		since := math.Inf(-1)
 		if old := a.engines[e.ID]; old != nil && old.role == e.Role {
 			since = old.roleSince
@@ -321,7 +285,7 @@ func (a *auditor) fleetSnapshot() {
 
 // fleetEvent applies an event of one engine: lifecycle, switch step, pin, role.
 func (a *auditor) fleetEvent() error {
-	rec := &a.en.rec
+	rec := a.en.Fleet
 	e := a.engines[rec.Engine]
 	if e == nil {
 		return fmt.Errorf("audit: %s: unknown engine %q", a.where(), rec.Engine)
@@ -329,13 +293,13 @@ func (a *auditor) fleetEvent() error {
 	viaSwitch := e.switchedToRole
 	e.switchedToRole = false
 	switch rec.Event {
-	case "lifecycle":
+	case fleet.EventLifecycle:
 		a.lifecycle(e)
-	case "switch":
+	case fleet.EventSwitch:
 		a.switchStep(e)
-	case "pin":
-		e.pinned = rec.Pinned
-	case "role":
+	case fleet.EventPin:
+		e.pinned = rec.Pinned != nil && *rec.Pinned
+	case fleet.EventRole:
 		a.role(e, viaSwitch)
 	}
 	return nil
@@ -344,15 +308,15 @@ func (a *auditor) fleetEvent() error {
 // lifecycle checks a lifecycle change: a failed switch fails its engine next, and an engine
 // held for an in-place switch leaves its pool then (the floor of that pool holds).
 func (a *auditor) lifecycle(e *engine) {
-	rec := &a.en.rec
+	rec := a.en.Fleet
 	if e.failedAt > 0 && rec.To != "failed" {
 		a.violate("switch", "%s became %s after its switch failed (line %d): a failed switch fails its engine", rec.Engine, rec.To, e.failedAt)
 	}
 	e.failedAt = 0
 	if rec.From == "active" && rec.To == "switching" {
 		e.lifecycle = rec.To
-		if total := live(a.engines, "prefill") + live(a.engines, "decode") + 1; total >= a.cfg.MinPrefill+a.cfg.MinDecode {
-			floor := map[string]int{"prefill": a.cfg.MinPrefill, "decode": a.cfg.MinDecode}[e.role]
+		if total := live(a.engines, "prefill") + live(a.engines, "decode") + 1; total >= a.cfg.minPrefill+a.cfg.minDecode {
+			floor := map[string]int{"prefill": a.cfg.minPrefill, "decode": a.cfg.minDecode}[e.role]
 			if n := live(a.engines, e.role); n < floor {
 				a.violate("role_floors", "%s left %s to switch in place: %d live %s engines, floor %d, with %d live engines", rec.Engine, e.role, n, e.role, floor, total)
 			}
@@ -363,21 +327,21 @@ func (a *auditor) lifecycle(e *engine) {
 
 // switchStep follows an in-place switch: asked once while held, ended by the engine's answer.
 func (a *auditor) switchStep(e *engine) {
-	rec := &a.en.rec
+	rec := a.en.Fleet
 	switch rec.Result {
-	case "asked":
+	case fleet.SwitchAsked:
 		if e.asked || e.lifecycle != "switching" {
 			a.violate("switch", "%s asked to switch while %s (asked before: %t): an engine is asked once, while held", rec.Engine, e.lifecycle, e.asked)
 		}
 		e.asked = true
-	case "succeeded":
+	case fleet.SwitchSucceeded:
 		e.asked, e.switchedToRole = false, true
-	case "failed":
+	case fleet.SwitchFailed:
 		if e.lifecycle == "switching" {
-			e.failedAt = a.en.line
+			e.failedAt = a.en.Num
 		}
 		e.asked = false
-	case "abandoned":
+	case fleet.SwitchAbandoned:
 		if e.asked {
 			a.violate("switch", "%s's switch abandoned after it was asked: an asked switch ends with the engine's answer", rec.Engine)
 		}
@@ -388,9 +352,9 @@ func (a *auditor) switchStep(e *engine) {
 // pair with the decision it names. An operator's relabel at the engine's source is not the
 // controller's move: no guard applies, and dwell counts from it.
 func (a *auditor) role(e *engine, viaSwitch bool) {
-	rec := &a.en.rec
+	rec := a.en.Fleet
 	a.res.RoleChanges++
-	if rec.Caller == "operator" {
+	if rec.Caller == decisionlog.CallerOperator {
 		a.res.OperatorMoves++
 		e.role, e.roleSince = rec.To, rec.TimeS
 		return
@@ -399,28 +363,28 @@ func (a *auditor) role(e *engine, viaSwitch bool) {
 	if e.pinned {
 		a.violate("pins", "%s moved %s -> %s while pinned", rec.Engine, rec.From, rec.To)
 	}
-	if since := rec.TimeS - e.roleSince; since < cfg.Thresholds.DwellS {
-		a.violate("dwell", "%s moved %.3fs after its last role change (dwell %gs)", rec.Engine, since, cfg.Thresholds.DwellS)
+	if since := rec.TimeS - e.roleSince; since < cfg.dwellS {
+		a.violate("dwell", "%s moved %.3fs after its last role change (dwell %gs)", rec.Engine, since, cfg.dwellS)
 	}
-	if cfg.Advisory {
+	if cfg.advisory {
 		a.violate("advisory", "%s moved %s -> %s with controller.advisory on", rec.Engine, rec.From, rec.To)
 	}
 	e.role, e.roleSince = rec.To, rec.TimeS
-	if total := live(a.engines, "prefill") + live(a.engines, "decode"); total >= cfg.MinPrefill+cfg.MinDecode {
-		if p := live(a.engines, "prefill"); rec.From == "prefill" && p < cfg.MinPrefill {
-			a.violate("role_floors", "%s left prefill: %d live prefill engines, min_prefill %d, with %d live engines", rec.Engine, p, cfg.MinPrefill, total)
+	if total := live(a.engines, "prefill") + live(a.engines, "decode"); total >= cfg.minPrefill+cfg.minDecode {
+		if p := live(a.engines, "prefill"); rec.From == "prefill" && p < cfg.minPrefill {
+			a.violate("role_floors", "%s left prefill: %d live prefill engines, min_prefill %d, with %d live engines", rec.Engine, p, cfg.minPrefill, total)
 		}
-		if d := live(a.engines, "decode"); rec.From == "decode" && d < cfg.MinDecode {
-			a.violate("role_floors", "%s left decode: %d live decode engines, min_decode %d, with %d live engines", rec.Engine, d, cfg.MinDecode, total)
+		if d := live(a.engines, "decode"); rec.From == "decode" && d < cfg.minDecode {
+			a.violate("role_floors", "%s left decode: %d live decode engines, min_decode %d, with %d live engines", rec.Engine, d, cfg.minDecode, total)
 		}
 	}
-	if rec.Decision == nil {
+	if rec.Decision == 0 {
 		a.violate("orphan_role_change", "%s moved %s -> %s naming no decision", rec.Engine, rec.From, rec.To)
 		return
 	}
-	k := decisionKey{a.en.log, *rec.Decision}
-	a.events[k] = append(a.events[k], a.en.line)
-	a.pending = append(a.pending, pendingEvent{log: a.en.log, line: a.en.line, t: rec.TimeS, seq: *rec.Decision, engine: rec.Engine, from: rec.From, to: rec.To, viaSwitch: viaSwitch})
+	k := decisionKey{a.en.log, rec.Decision}
+	a.events[k] = append(a.events[k], a.en.Num)
+	a.pending = append(a.pending, pendingEvent{log: a.en.log, line: a.en.Num, t: rec.TimeS, seq: rec.Decision, engine: rec.Engine, from: rec.From, to: rec.To, viaSwitch: viaSwitch})
 	if e.lifecycle == "switching" && !viaSwitch {
 		a.violate("switch", "%s changed role while held for a switch, not by a successful switch", rec.Engine)
 	}
@@ -429,12 +393,12 @@ func (a *auditor) role(e *engine, viaSwitch bool) {
 // decision checks a decision record: numbered above the last, one move (repairs excepted), the
 // cooldown between moves toward decode, and a closed evidence window for a move toward prefill.
 func (a *auditor) decision() {
-	rec := a.en.rec
+	rec := a.en.Decision
 	cfg := &a.cfg
 	a.res.Decisions++
-	a.decisions[decisionKey{a.en.log, rec.Seq}] = &rec
-	if a.lastSeq != nil && rec.Seq <= a.lastSeq.rec.Seq {
-		a.violate("sequence", "decision %d follows decision %d (%s): a decision numbered again", rec.Seq, a.lastSeq.rec.Seq, a.name(a.lastSeq.log)+fmt.Sprintf(" line %d", a.lastSeq.line))
+	a.decisions[decisionKey{a.en.log, rec.Seq}] = rec
+	if a.lastSeq != nil && rec.Seq <= a.lastSeq.Decision.Seq {
+		a.violate("sequence", "decision %d follows decision %d (%s): a decision numbered again", rec.Seq, a.lastSeq.Decision.Seq, a.name(a.lastSeq.log)+fmt.Sprintf(" line %d", a.lastSeq.Num))
 	}
 	last := a.en
 	a.lastSeq = &last
@@ -446,28 +410,28 @@ func (a *auditor) decision() {
 			toPrefill++
 		}
 	}
-	if n := len(rec.Moves); n > 1 && rec.Caller != "repair" {
+	if n := len(rec.Moves); n > 1 && rec.Caller != decisionlog.CallerRepair {
 		a.violate("one_move", "decision %d (%s) made %d moves", rec.Seq, rec.Caller, n)
 	}
-	if n := len(a.events[decisionKey{a.en.log, rec.Seq}]); n > 1 && rec.Caller != "repair" {
+	if n := len(a.events[decisionKey{a.en.log, rec.Seq}]); n > 1 && rec.Caller != decisionlog.CallerRepair {
 		a.violate("one_move", "decision %d (%s) has %d role changes", rec.Seq, rec.Caller, n)
 	}
 	if toDecode > 0 {
-		if rec.Caller != "repair" && rec.Caller != "readmission" && rec.TimeS-a.lastToDecode < cfg.Thresholds.CooldownS {
-			a.violate("cooldown", "decision %d moved toward decode %.3fs after the last move toward decode (cooldown %gs)", rec.Seq, rec.TimeS-a.lastToDecode, cfg.Thresholds.CooldownS)
+		if rec.Caller != decisionlog.CallerRepair && rec.Caller != decisionlog.CallerReadmission && rec.TimeS-a.lastToDecode < cfg.cooldownS {
+			a.violate("cooldown", "decision %d moved toward decode %.3fs after the last move toward decode (cooldown %gs)", rec.Seq, rec.TimeS-a.lastToDecode, cfg.cooldownS)
 		}
 		a.lastToDecode = rec.TimeS
 	}
-	if toPrefill > 0 && (rec.Caller == "regular" || rec.Caller == "urgent") {
+	if toPrefill > 0 && (rec.Caller == decisionlog.CallerRegular || rec.Caller == decisionlog.CallerUrgent) {
 		w := rec.Inputs.EvidenceWindow
 		open := rec.TimeS - w.OpenedAtS
-		closed := open >= cfg.Reactive.EvidenceSpanS && w.Arrivals >= uint64(cfg.Reactive.EvidenceMinArrivals) || open >= cfg.Reactive.EvidenceMaxSpanS
+		closed := open >= cfg.evidenceSpanS && w.Arrivals >= uint64(cfg.evidenceMinArrivals) || open >= cfg.evidenceMaxS
 		switch {
 		case w.OpenedAtS < a.lastToDecode:
 			a.violate("evidence_window", "decision %d: its window opened at %.3fs, before the last move toward decode restarted it", rec.Seq, w.OpenedAtS)
 		case !closed:
 			a.violate("evidence_window", "decision %d moved toward prefill with the window open: opened %.3fs ago, %d arrivals (span %gs, min %d, max %gs)",
-				rec.Seq, open, w.Arrivals, cfg.Reactive.EvidenceSpanS, cfg.Reactive.EvidenceMinArrivals, cfg.Reactive.EvidenceMaxSpanS)
+				rec.Seq, open, w.Arrivals, cfg.evidenceSpanS, cfg.evidenceMinArrivals, cfg.evidenceMaxS)
 		}
 	}
 }
@@ -488,7 +452,7 @@ func (a *auditor) pair() {
 				Detail: fmt.Sprintf("%s moved %s -> %s for decision %d, which has no such move", ev.engine, ev.from, ev.to, ev.seq)})
 			continue
 		}
-		if inPlace := d.Switch == "sglang"; inPlace != ev.viaSwitch {
+		if inPlace := d.Switch == config.SwitchSGLang; inPlace != ev.viaSwitch {
 			how := map[bool]string{true: "a successful in-place switch", false: "routing alone"}
 			a.res.Violations = append(a.res.Violations, Violation{Log: a.name(ev.log), Line: ev.line, TimeS: ev.t, Rule: "switch",
 				Detail: fmt.Sprintf("%s moved %s -> %s by %s for decision %d, whose switch is %q", ev.engine, ev.from, ev.to, how[ev.viaSwitch], ev.seq, d.Switch)})

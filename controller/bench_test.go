@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
 )
@@ -47,7 +48,7 @@ func BenchmarkUrgent(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				c.urgent = &pending{due: 0, tr: tr}
 				d, ok := c.Tick(now, fl, r)
-				if !ok || d.Caller != CallerUrgent || d.Outcome == OutcomeDropped {
+				if !ok || d.Caller != decisionlog.CallerUrgent || d.Outcome == decisionlog.OutcomeDropped {
 					b.Fatalf("no urgent evaluation of a waiting request: %+v", d)
 				}
 				c.Applied(d)

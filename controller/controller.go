@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
 )
@@ -48,7 +49,7 @@ type Controller struct {
 	nextMonitor  float64                    // when the next floor-repair pass is due
 	lifecycles   map[string]fleet.Lifecycle // each engine's lifecycle at the last monitor pass
 	repaired     bool                       // the monitor pass under way has evaluated its floor repair
-	conf         Confirmed
+	conf         decisionlog.Confirmed
 	lastToDecode float64 // when the last move toward decode was made (cooldown)
 	win          window
 	urgent       *pending
@@ -116,7 +117,7 @@ func (c *Controller) NextDeadline() time.Time {
 // evaluation runs per call — floor repair and readmission first, then an urgent one, then a
 // regular pass — so that the caller applies its moves before the next: call Tick again while
 // NextDeadline is not after now.
-func (c *Controller) Tick(now time.Time, fl fleet.Snapshot, v View) (Decision, bool) {
+func (c *Controller) Tick(now time.Time, fl fleet.Snapshot, v View) (decisionlog.Decision, bool) {
 	if c.proposed != 0 {
 		panic(fmt.Sprintf("controller: Tick before decision %d was acknowledged (Applied)", c.proposed))
 	}
@@ -127,7 +128,7 @@ func (c *Controller) Tick(now time.Time, fl fleet.Snapshot, v View) (Decision, b
 	return d, ok
 }
 
-func (c *Controller) tick(now time.Time, fl fleet.Snapshot, v View) (Decision, bool) {
+func (c *Controller) tick(now time.Time, fl fleet.Snapshot, v View) (decisionlog.Decision, bool) {
 	t := c.at(now)
 	s := newState(c, now, t, fl, v)
 	c.observeWindow(t, &s)
@@ -147,21 +148,21 @@ func (c *Controller) tick(now time.Time, fl fleet.Snapshot, v View) (Decision, b
 		c.nextPass = t + c.cfg.Reactive.StepS
 		return c.record(c.evaluateRegular(&s)), true
 	}
-	return Decision{}, false
+	return decisionlog.Decision{}, false
 }
 
 // record numbers a decision. Its effects on the controller's own state wait for Applied.
-func (c *Controller) record(d Decision) Decision {
+func (c *Controller) record(d decisionlog.Decision) decisionlog.Decision {
 	c.seq++
-	d.Kind, d.Seq, d.Advisory = "decision", c.seq, c.cfg.Advisory
+	d.Kind, d.Seq, d.Advisory = decisionlog.KindDecision, c.seq, c.cfg.Advisory
 	if d.Moves == nil {
-		d.Moves = []Move{}
+		d.Moves = []decisionlog.Move{}
 	}
 	if d.Gates == nil {
-		d.Gates = []Gate{}
+		d.Gates = []decisionlog.Gate{}
 	}
 	if d.Candidates == nil {
-		d.Candidates = []Priced{}
+		d.Candidates = []decisionlog.Priced{}
 	}
 	return d
 }
@@ -171,7 +172,7 @@ func (c *Controller) record(d Decision) Decision {
 // records that in d (Outcome blocked, fewer Moves). Only a decision that moved counts: it resets
 // the confirmations, and a move toward decode starts the cooldown and restarts the evidence
 // window. A decision that moved nothing leaves all three as they were.
-func (c *Controller) Applied(d Decision) {
+func (c *Controller) Applied(d decisionlog.Decision) {
 	if d.Seq != c.proposed {
 		panic(fmt.Sprintf("controller: Applied(decision %d), but decision %d is the one proposed", d.Seq, c.proposed))
 	}
@@ -180,12 +181,12 @@ func (c *Controller) Applied(d Decision) {
 }
 
 // acknowledge makes an applied decision's effects on the controller's own state.
-func (c *Controller) acknowledge(d Decision) {
-	if d.Outcome != OutcomeMoved {
+func (c *Controller) acknowledge(d decisionlog.Decision) {
+	if d.Outcome != decisionlog.OutcomeMoved {
 		return
 	}
-	c.conf = Confirmed{}         // the passes before priced another split: motives count anew
-	if d.Direction == ToDecode { // repairs and readmissions too
+	c.conf = decisionlog.Confirmed{} // the passes before priced another split: motives count anew
+	if d.Direction == ToDecode {     // repairs and readmissions too
 		c.lastToDecode = d.TimeS
 		c.restartWindow(d.TimeS, c.win.base+c.win.arrivals) // a decode-recovery move
 	}
@@ -194,7 +195,7 @@ func (c *Controller) acknowledge(d Decision) {
 // DurableAfter is the durable state once d is applied as proposed: what the caller persists
 // before it applies d's moves (a move that then does not happen is corrected by the next
 // decision's state).
-func (c *Controller) DurableAfter(d Decision) Durable {
+func (c *Controller) DurableAfter(d decisionlog.Decision) Durable {
 	after := *c
 	after.acknowledge(d)
 	return after.Durable()
@@ -255,9 +256,9 @@ func (c *Controller) restartWindow(t float64, admitted uint64) {
 // arrival-evidence window. Times are wall-clock, so that a later run reads them against its own
 // start.
 type Durable struct {
-	Seq           uint64     `json:"seq"`
-	LastToDecode  *time.Time `json:"last_to_decode,omitempty"` // nil: none yet
-	Confirmations Confirmed  `json:"confirmations"`
+	Seq           uint64                `json:"seq"`
+	LastToDecode  *time.Time            `json:"last_to_decode,omitempty"` // nil: none yet
+	Confirmations decisionlog.Confirmed `json:"confirmations"`
 	Window        struct {
 		OpenedAt time.Time `json:"opened_at"`
 		Arrivals uint64    `json:"arrivals"`
@@ -288,8 +289,8 @@ func (c *Controller) Restore(d Durable) {
 	c.win = window{openedAt: c.since(d.Window.OpenedAt), carried: d.Window.Arrivals, arrivals: d.Window.Arrivals, closed: d.Window.Closed}
 }
 
-func (c *Controller) windowState() WindowState {
-	return WindowState{Open: !c.win.closed, OpenedAtS: c.win.openedAt, Arrivals: c.win.arrivals}
+func (c *Controller) windowState() decisionlog.WindowState {
+	return decisionlog.WindowState{Open: !c.win.closed, OpenedAtS: c.win.openedAt, Arrivals: c.win.arrivals}
 }
 
 // candidate is an adjacent split: one engine moved in a direction.
@@ -320,8 +321,8 @@ func inPlaceWorst(trans, target, drainS, dwellS float64) float64 {
 }
 
 // evaluateRegular is a regular pass (docs/role-control.md, section 5).
-func (c *Controller) evaluateRegular(s *state) Decision {
-	d := c.base(s, CallerRegular)
+func (c *Controller) evaluateRegular(s *state) decisionlog.Decision {
+	d := c.base(s, decisionlog.CallerRegular)
 	th := c.cfg.Thresholds
 	rp := c.priceRegular(s)
 	d.Candidates = append(d.Candidates, priced(s.cur, rp.current, true, ""))
@@ -331,11 +332,11 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 	p0 := rp.current
 	switch {
 	case len(motives) == 0:
-		d.Outcome = OutcomeRetained
+		d.Outcome = decisionlog.OutcomeRetained
 		d.Reason = fmt.Sprintf("no motive: prefill pressure %.3f, decode pressure %.3f (expand %.2f, shrink %.2f, %d passes)", p0.TTFTRatio, p0.TPOTRatio, th.Expand, th.Shrink, th.ConfirmPasses)
 		return c.advise(d, nil)
 	case best == nil:
-		d.Outcome = OutcomeRetained
+		d.Outcome = decisionlog.OutcomeRetained
 		d.Reason = fmt.Sprintf("motivated (%v) but no adjacent split strictly improves worst %.3f by more than %g", motives, p0.Worst, th.MinGain)
 		return c.advise(d, nil)
 	}
@@ -347,7 +348,7 @@ func (c *Controller) evaluateRegular(s *state) Decision {
 	if best.donor.InPlace {
 		d.Reason += fmt.Sprintf(" (%.3f weighing the drain of %s, which switches in place)", best.worst, best.donor.ID)
 	}
-	d.Gates = c.gates(s, best, p0, CallerRegular)
+	d.Gates = c.gates(s, best, p0, decisionlog.CallerRegular)
 	return c.decide(s, d, best)
 }
 
@@ -395,7 +396,7 @@ func (c *Controller) priceRegular(s *state) regularPrices {
 // countMotives counts the motives over consecutive passes against the current split's price and
 // returns the counters after this pass. While the evidence window is open, decode expansion and
 // prefill shrinking use the open-window thresholds.
-func (c *Controller) countMotives(p0 router.Pricing) Confirmed {
+func (c *Controller) countMotives(p0 router.Pricing) decisionlog.Confirmed {
 	th := c.cfg.Thresholds
 	dExpand, dShrink := th.Expand, th.Shrink
 	if !c.win.closed {
@@ -424,7 +425,7 @@ func (c *Controller) countMotives(p0 router.Pricing) Confirmed {
 // consolidate for (docs/role-control.md section 5). Without this, a fleet between bursts traded
 // engines for gains of a few milliseconds on ratios far under the SLO, and met the next burst
 // with a lopsided split (narwhal sim --synthetic onoff).
-func (c *Controller) chooseRegular(s *state, d *Decision, rp regularPrices, conf Confirmed) (best *candidate, motives []string) {
+func (c *Controller) chooseRegular(s *state, d *decisionlog.Decision, rp regularPrices, conf decisionlog.Confirmed) (best *candidate, motives []string) {
 	th := c.cfg.Thresholds
 	p0, n := rp.current, th.ConfirmPasses
 	consolidate := p0.Worst > th.Shrink
@@ -441,7 +442,7 @@ func (c *Controller) chooseRegular(s *state, d *Decision, rp regularPrices, conf
 			cand.worst = inPlaceWorst(tpr.Worst, cand.price.Worst, drain, th.DwellS)
 			tp := priced(withoutEngine(s.cur, cand.donor.ID), tpr, false, cand.donor.ID)
 			tp.DrainS, tp.Draining = &drain, true
-			ew := Ratio(cand.worst)
+			ew := decisionlog.Ratio(cand.worst)
 			pc.InPlaceWorst = &ew
 			d.Candidates = append(d.Candidates, tp)
 		}
@@ -475,11 +476,11 @@ func lower(worst, overload, thanWorst, thanOverload, gain float64) bool {
 }
 
 // evaluateUrgent is the coalesced urgent evaluation (docs/role-control.md, section 6).
-func (c *Controller) evaluateUrgent(s *state, u pending) Decision {
-	d := c.base(s, CallerUrgent)
-	d.Inputs.Trigger = &TriggerRecord{RequestID: u.tr.Request, ProjectedTTFTS: Ratio(u.tr.ProjectedTTFT), AtS: u.tr.AtS, Joined: u.joined}
+func (c *Controller) evaluateUrgent(s *state, u pending) decisionlog.Decision {
+	d := c.base(s, decisionlog.CallerUrgent)
+	d.Inputs.Trigger = &decisionlog.TriggerRecord{RequestID: u.tr.Request, ProjectedTTFTS: decisionlog.Ratio(u.tr.ProjectedTTFT), AtS: u.tr.AtS, Joined: u.joined}
 	if s.snap.Retained.Waiting == 0 {
-		d.Outcome, d.Reason = OutcomeDropped, "the waiting set drained before the evaluation"
+		d.Outcome, d.Reason = decisionlog.OutcomeDropped, "the waiting set drained before the evaluation"
 		return d
 	}
 	// The current split and (P+1, D-1), priced together with the request's projected TTFT.
@@ -490,47 +491,47 @@ func (c *Controller) evaluateUrgent(s *state, u pending) Decision {
 	}
 	ps, waiting := s.view.Price(s.now, router.Query{Splits: splits, StepS: c.cfg.Reactive.StepS, Request: u.tr.Handle})
 	if !waiting {
-		d.Outcome, d.Reason = OutcomeDropped, "the triggering request is no longer waiting"
+		d.Outcome, d.Reason = decisionlog.OutcomeDropped, "the triggering request is no longer waiting"
 		return d
 	}
 	p0 := ps[0]
 	curTTFT := p0.RequestTTFT
 	cur := priced(s.cur, p0, true, "")
-	r := Ratio(curTTFT)
+	r := decisionlog.Ratio(curTTFT)
 	cur.RequestTTFTS = &r
 	d.Candidates = append(d.Candidates, cur)
 	if !movable {
-		d.Outcome, d.Reason = OutcomeRetained, "no decode engine to move"
+		d.Outcome, d.Reason = decisionlog.OutcomeRetained, "no decode engine to move"
 		return c.advise(d, nil)
 	}
 	cand.price = ps[1]
 	candTTFT, own := cand.price.RequestTTFT, cand.price.RequestPrefill
-	d.Inputs.Trigger.PrefillS = Ratio(own)
+	d.Inputs.Trigger.PrefillS = decisionlog.Ratio(own)
 	pc := priced(cand.split, cand.price, false, cand.donor.ID)
-	rc := Ratio(candTTFT)
+	rc := decisionlog.Ratio(candTTFT)
 	pc.RequestTTFTS = &rc
 	d.Candidates = append(d.Candidates, pc)
 	switch {
 	case candTTFT < curTTFT:
 		d.Direction = ToPrefill
 		d.Reason = fmt.Sprintf("request %s: projected TTFT %.3f s -> %.3f s", u.tr.Request, curTTFT, candTTFT)
-		d.Gates = c.gates(s, &cand, p0, CallerUrgent)
+		d.Gates = c.gates(s, &cand, p0, decisionlog.CallerUrgent)
 		return c.decide(s, d, &cand)
 	case own > c.slo.TTFTS: // no split can help it: its own prefill (inputs.trigger.prefill_s) exceeds the SLO
-		d.Outcome, d.Reason = OutcomeRetained, "prefill_exceeds_slo"
+		d.Outcome, d.Reason = decisionlog.OutcomeRetained, "prefill_exceeds_slo"
 	default:
-		d.Outcome = OutcomeRetained
+		d.Outcome = decisionlog.OutcomeRetained
 		d.Reason = fmt.Sprintf("request %s: the candidate split does not improve its projected TTFT (%.3f s)", u.tr.Request, curTTFT)
 	}
 	return c.advise(d, nil)
 }
 
 // base starts a record with the inputs every evaluation shares.
-func (c *Controller) base(s *state, caller string) Decision {
-	d := Decision{TimeS: s.t, Caller: caller}
-	d.SplitBefore = Split{len(s.cur.Prefill), len(s.cur.Decode)}
+func (c *Controller) base(s *state, caller decisionlog.Caller) decisionlog.Decision {
+	d := decisionlog.Decision{TimeS: s.t, Caller: caller}
+	d.SplitBefore = decisionlog.Split{Prefill: len(s.cur.Prefill), Decode: len(s.cur.Decode)}
 	d.SplitAfter = d.SplitBefore
-	d.Inputs = Inputs{Demand: s.snap.Demand, EvidenceWindow: c.windowState(), Retained: s.snap.Retained}
+	d.Inputs = decisionlog.Inputs{Demand: s.snap.Demand, EvidenceWindow: c.windowState(), Retained: s.snap.Retained}
 	if at, ok := s.view.FirstTokenTimeoutAt(); ok {
 		ts := at.Sub(c.epoch).Seconds()
 		d.Inputs.FirstTokenAt = &ts
@@ -541,15 +542,15 @@ func (c *Controller) base(s *state, caller string) Decision {
 // decide turns gated candidate into an outcome: moved, blocked, or advisory. A move to prefill
 // that only flip_resident_guard or consolidation_evidence block prepares its donor
 // (Decision.Prepare), unless advisory.
-func (c *Controller) decide(s *state, d Decision, cand *candidate) Decision {
-	var failed []Gate
+func (c *Controller) decide(s *state, d decisionlog.Decision, cand *candidate) decisionlog.Decision {
+	var failed []decisionlog.Gate
 	for _, g := range d.Gates {
 		if !g.Passed {
 			failed = append(failed, g)
 		}
 	}
 	if len(failed) > 0 {
-		d.Outcome = OutcomeBlocked
+		d.Outcome = decisionlog.OutcomeBlocked
 		d.Reason += "; blocked by " + failed[0].Name
 		if prepares(failed) && !c.cfg.Advisory {
 			d.Prepare = cand.donor.ID
@@ -562,13 +563,13 @@ func (c *Controller) decide(s *state, d Decision, cand *candidate) Decision {
 	if cand.dir == ToDecode {
 		to = fleet.Decode.String()
 	}
-	d.SplitAfter = Split{len(cand.split.Prefill), len(cand.split.Decode)}
+	d.SplitAfter = decisionlog.Split{Prefill: len(cand.split.Prefill), Decode: len(cand.split.Decode)}
 	if c.cfg.Advisory {
-		d.Outcome, d.AdvisoryResult = OutcomeAdvisory, "would_move"
+		d.Outcome, d.AdvisoryResult = decisionlog.OutcomeAdvisory, decisionlog.WouldMove
 		return d
 	}
-	d.Outcome = OutcomeMoved
-	d.Moves = []Move{{Engine: cand.donor.ID, From: from, To: to}}
+	d.Outcome = decisionlog.OutcomeMoved
+	d.Moves = []decisionlog.Move{{Engine: cand.donor.ID, From: from, To: to}}
 	// Still short of prefill after this move, with a decode pool that could spare one more
 	// engine (its TPOT ratio, spread over one engine fewer, within expand): the next donor is
 	// prepared now, so that its streams drain while the next evaluation comes (section 7,
@@ -593,9 +594,9 @@ func (c *Controller) decide(s *state, d Decision, cand *candidate) Decision {
 // only the donor's residents (flip_resident_guard) and the arrival evidence still open
 // (consolidation_evidence) stand in its way — both pass with time, and preparing, which only
 // steers new streams away from the donor, lets its streams drain meanwhile (section 7).
-func prepares(failed []Gate) bool {
+func prepares(failed []decisionlog.Gate) bool {
 	for _, g := range failed {
-		if g.Name != GateFlipResidentGuard && g.Name != GateConsolidationEvidence {
+		if g.Name != decisionlog.GateFlipResidentGuard && g.Name != decisionlog.GateConsolidationEvidence {
 			return false
 		}
 	}
@@ -603,19 +604,19 @@ func prepares(failed []Gate) bool {
 }
 
 // advise marks a record of an advisory controller: the outcome it would have had.
-func (c *Controller) advise(d Decision, failed *Gate) Decision {
+func (c *Controller) advise(d decisionlog.Decision, failed *decisionlog.Gate) decisionlog.Decision {
 	if !c.cfg.Advisory {
 		return d
 	}
 	switch {
 	case failed != nil:
-		d.AdvisoryResult = "blocked:" + failed.Name
-	case d.Outcome == OutcomeDropped:
+		d.AdvisoryResult = decisionlog.WouldBlockedBy + failed.Name
+	case d.Outcome == decisionlog.OutcomeDropped:
 		return d
 	default:
-		d.AdvisoryResult = "retained"
+		d.AdvisoryResult = decisionlog.WouldRetain
 	}
-	d.Outcome = OutcomeAdvisory
+	d.Outcome = decisionlog.OutcomeAdvisory
 	return d
 }
 
@@ -643,8 +644,8 @@ func (c *Controller) dwelt(t float64, e fleet.Engine) bool {
 	return !e.Moved || t-c.since(e.RoleSince) >= c.cfg.Thresholds.DwellS
 }
 
-func (c *Controller) dwellGate(t float64, e fleet.Engine) Gate {
-	g := Gate{Name: GateDwell, Passed: c.dwelt(t, e)}
+func (c *Controller) dwellGate(t float64, e fleet.Engine) decisionlog.Gate {
+	g := decisionlog.Gate{Name: decisionlog.GateDwell, Passed: c.dwelt(t, e)}
 	if !e.Moved {
 		g.Detail = e.ID + " has kept its role since the start"
 	} else {
@@ -663,42 +664,42 @@ func (c *Controller) hasCurve(e fleet.Engine, dir string) bool {
 
 // gates checks a move (docs/role-control.md, section 7): the common gates, then those of its
 // direction; an urgent evaluation checks exactly the urgent list.
-func (c *Controller) gates(s *state, cand *candidate, p0 router.Pricing, caller string) []Gate {
+func (c *Controller) gates(s *state, cand *candidate, p0 router.Pricing, caller decisionlog.Caller) []decisionlog.Gate {
 	th := c.cfg.Thresholds
 	e := cand.donor
 	l := s.loads[e.ID]
 	if l == nil {
 		l = &router.EngineLoad{}
 	}
-	var gs []Gate
+	var gs []decisionlog.Gate
 	add := func(name string, passed bool, format string, args ...any) {
-		gs = append(gs, Gate{Name: name, Passed: passed, Detail: fmt.Sprintf(format, args...)})
+		gs = append(gs, decisionlog.Gate{Name: name, Passed: passed, Detail: fmt.Sprintf(format, args...)})
 	}
 	p, d := len(cand.split.Prefill), len(cand.split.Decode)
-	add(GatePins, !e.Pinned, "%s pinned=%t", e.ID, e.Pinned)
+	add(decisionlog.GatePins, !e.Pinned, "%s pinned=%t", e.ID, e.Pinned)
 	gs = append(gs, c.floorsGate(p, d))
-	add(GateHealthExclusions, e.Lifecycle == fleet.Active, "%s is %s", e.ID, e.Lifecycle)
+	add(decisionlog.GateHealthExclusions, e.Lifecycle == fleet.Active, "%s is %s", e.ID, e.Lifecycle)
 	gs = append(gs, c.dwellGate(s.t, e))
-	add(GateResidentOwnership, true, "%s keeps %d decode and %d prefill residents until they finish", e.ID, l.DecodeResidents+l.ReservedStreams, l.PrefillResidents)
+	add(decisionlog.GateResidentOwnership, true, "%s keeps %d decode and %d prefill residents until they finish", e.ID, l.DecodeResidents+l.ReservedStreams, l.PrefillResidents)
 	c.coverage(s, cand, l, add)
 	if cand.dir == ToDecode {
 		since := s.t - c.lastToDecode
-		add(GateCooldown, since >= th.CooldownS, "last move toward decode %s ago, cooldown %gs", seconds(since), th.CooldownS)
-		if caller == CallerRegular {
+		add(decisionlog.GateCooldown, since >= th.CooldownS, "last move toward decode %s ago, cooldown %gs", seconds(since), th.CooldownS)
+		if caller == decisionlog.CallerRegular {
 			n := max(c.conf.DecodeExpand, c.conf.DecodeConsolidate)
-			add(GateConfirmation, n >= th.ConfirmPasses, "%d consecutive passes, need %d", n, th.ConfirmPasses)
+			add(decisionlog.GateConfirmation, n >= th.ConfirmPasses, "%d consecutive passes, need %d", n, th.ConfirmPasses)
 		}
 		return gs
 	}
 	w := c.windowState()
-	add(GateConsolidationEvidence, !w.Open, "window opened at %.1fs, %d arrivals, open=%t (span %gs, min %d arrivals, max %gs)",
+	add(decisionlog.GateConsolidationEvidence, !w.Open, "window opened at %.1fs, %d arrivals, open=%t (span %gs, min %d arrivals, max %gs)",
 		w.OpenedAtS, w.Arrivals, w.Open, c.cfg.Reactive.EvidenceSpanS, c.cfg.Reactive.EvidenceMinArrivals, c.cfg.Reactive.EvidenceMaxSpanS)
-	if caller != CallerUrgent {
+	if caller != decisionlog.CallerUrgent {
 		timeout := false // the timeout that restarted the window is its start, not one since
 		if at, ok := s.view.FirstTokenTimeoutAt(); ok {
 			timeout = at.Sub(c.epoch).Seconds() > w.OpenedAtS
 		}
-		add(GateDecodeStability, cand.price.TPOTRatio <= th.Expand && !timeout,
+		add(decisionlog.GateDecodeStability, cand.price.TPOTRatio <= th.Expand && !timeout,
 			"candidate tpot_ratio %s (expand %g), first-token timeout since the window opened: %t", ratio(cand.price.TPOTRatio), th.Expand, timeout)
 	}
 	// The trend: decode demand is not rising, or the candidate's decode pool carries the rise
@@ -713,19 +714,19 @@ func (c *Controller) gates(s *state, cand *candidate, p0 router.Pricing, caller 
 		trend = ps[0].TPOTRatio <= th.Expand
 		detail += fmt.Sprintf("; rising, and with output demand raised to %.1f tok/s the candidate's tpot_ratio is %s (expand %g)", raised, ratio(ps[0].TPOTRatio), th.Expand)
 	}
-	add(GateConsolidationTrend, trend, "%s", detail)
-	add(GateDecodeCapacity, cand.price.TPOTRatio <= th.Expand,
+	add(decisionlog.GateConsolidationTrend, trend, "%s", detail)
+	add(decisionlog.GateDecodeCapacity, cand.price.TPOTRatio <= th.Expand,
 		"the %d remaining decode engines must carry every stream within capacity and the TPOT SLO: candidate tpot_ratio %s (expand %g)", d, ratio(cand.price.TPOTRatio), th.Expand)
-	add(GateFlipResidentGuard, l.DecodeResidents <= th.FlipResidentGuard,
+	add(decisionlog.GateFlipResidentGuard, l.DecodeResidents <= th.FlipResidentGuard,
 		"%s decodes %d streams, guard %d", e.ID, l.DecodeResidents, th.FlipResidentGuard)
 	return gs
 }
 
 // floorsGate is role_floors for a split of p prefill and d decode live engines: neither pool
 // below its floor, whenever the live engines can hold both floors.
-func (c *Controller) floorsGate(p, d int) Gate {
+func (c *Controller) floorsGate(p, d int) decisionlog.Gate {
 	minP, minD := c.cfg.MinPrefill, c.cfg.MinDecode
-	g := Gate{Name: GateRoleFloors, Passed: p >= minP && d >= minD,
+	g := decisionlog.Gate{Name: decisionlog.GateRoleFloors, Passed: p >= minP && d >= minD,
 		Detail: fmt.Sprintf("after the move prefill %d (min %d), decode %d (min %d)", p, minP, d, minD)}
 	if !g.Passed && p+d < minP+minD {
 		g.Passed = true
@@ -744,7 +745,7 @@ func (c *Controller) coverage(s *state, cand *candidate, l *router.EngineLoad, a
 	minSamples := c.cfg.Profile.MinSamples
 	if cand.dir == ToPrefill {
 		if prof.Prefill == nil {
-			add(GateProfileCoverage, false, "%s: profile %s has no prefill curve", e.ID, e.Profile)
+			add(decisionlog.GateProfileCoverage, false, "%s: profile %s has no prefill curve", e.ID, e.Profile)
 			return
 		}
 		dem := s.snap.Demand.Priced
@@ -754,12 +755,12 @@ func (c *Controller) coverage(s *state, cand *candidate, l *router.EngineLoad, a
 		}
 		n := l.Correction.PrefillSamples
 		ok := mean <= float64(prof.Prefill.MaxTokens) && (n == 0 || n >= minSamples)
-		add(GateProfileCoverage, ok, "%s: mean prompt %.0f tokens (profiled to %d), prefill correction from %d samples (min %d)",
+		add(decisionlog.GateProfileCoverage, ok, "%s: mean prompt %.0f tokens (profiled to %d), prefill correction from %d samples (min %d)",
 			e.ID, mean, prof.Prefill.MaxTokens, n, minSamples)
 		return
 	}
 	if prof.Decode == nil {
-		add(GateProfileCoverage, false, "%s: profile %s has no decode curve", e.ID, e.Profile)
+		add(decisionlog.GateProfileCoverage, false, "%s: profile %s has no decode curve", e.ID, e.Profile)
 		return
 	}
 	// The streams per decode engine after the move may lie outside the profiled range only as
@@ -769,13 +770,13 @@ func (c *Controller) coverage(s *state, cand *candidate, l *router.EngineLoad, a
 	per, now := streams/float64(len(cand.split.Decode)), streams/float64(max(len(s.cur.Decode), 1))
 	n := l.Correction.DecodeSamples
 	ok := (per <= float64(prof.Decode.MaxStreams) || per <= now) && (n == 0 || n >= minSamples)
-	add(GateProfileCoverage, ok, "%s: %.1f streams per decode engine after the move, %.1f now (profiled to %d), decode correction from %d samples (min %d)",
+	add(decisionlog.GateProfileCoverage, ok, "%s: %.1f streams per decode engine after the move, %.1f now (profiled to %d), decode correction from %d samples (min %d)",
 		e.ID, per, now, prof.Decode.MaxStreams, n, minSamples)
 }
 
-func priced(s router.Split, p router.Pricing, current bool, move string) Priced {
-	return Priced{Prefill: len(s.Prefill), Decode: len(s.Decode), TTFTRatio: Ratio(p.TTFTRatio), TPOTRatio: Ratio(p.TPOTRatio),
-		Worst: Ratio(p.Worst), Current: current, Move: move, QueueWaitS: Ratio(p.QueueWaitS), Settled: p.Settled, Overload: Ratio(p.Overload)}
+func priced(s router.Split, p router.Pricing, current bool, move string) decisionlog.Priced {
+	return decisionlog.Priced{Prefill: len(s.Prefill), Decode: len(s.Decode), TTFTRatio: decisionlog.Ratio(p.TTFTRatio), TPOTRatio: decisionlog.Ratio(p.TPOTRatio),
+		Worst: decisionlog.Ratio(p.Worst), Current: current, Move: move, QueueWaitS: decisionlog.Ratio(p.QueueWaitS), Settled: p.Settled, Overload: decisionlog.Ratio(p.Overload)}
 }
 
 func ratio(r float64) string {
@@ -826,7 +827,7 @@ func (c *Controller) noteLifecycles(fl fleet.Snapshot) {
 // readmission of an engine that became active again since the last pass. It reports false
 // when neither has anything to evaluate. One call evaluates one thing; Tick calls it again
 // (the pass stays due) until it has nothing left.
-func (c *Controller) evaluateMonitor(s *state) (Decision, bool) {
+func (c *Controller) evaluateMonitor(s *state) (decisionlog.Decision, bool) {
 	p, d := len(s.cur.Prefill), len(s.cur.Decode)
 	// An engine switching in place toward a pool is on its way there: a floor it will restore
 	// needs no second engine (if its switch fails it is failed, and the next pass repairs).
@@ -855,14 +856,14 @@ func (c *Controller) evaluateMonitor(s *state) (Decision, bool) {
 			return c.readmit(s, e), true
 		}
 	}
-	return Decision{}, false
+	return decisionlog.Decision{}, false
 }
 
 // repair restores a floor: toward decode one engine a pass (decode-floor repair), toward
 // prefill as many as the floor needs in one move (prefill-floor restoration). Pins, health and
 // dwell hold; the evidence window, thresholds, cooldown and confirmation do not.
-func (c *Controller) repair(s *state, dir string, n int) Decision {
-	d := c.base(s, CallerRepair)
+func (c *Controller) repair(s *state, dir string, n int) decisionlog.Decision {
+	d := c.base(s, decisionlog.CallerRepair)
 	d.Direction = dir
 	floor, pool := "decode", fleet.Prefill
 	if dir == ToPrefill {
@@ -871,16 +872,16 @@ func (c *Controller) repair(s *state, dir string, n int) Decision {
 	d.Reason = fmt.Sprintf("the live %s pool (%d prefill, %d decode) is below its floor (min_prefill %d, min_decode %d)",
 		floor, len(s.cur.Prefill), len(s.cur.Decode), c.cfg.MinPrefill, c.cfg.MinDecode)
 	var moved []fleet.Engine
-	var blocked []Gate
+	var blocked []decisionlog.Gate
 	for _, e := range c.ranked(s, dir) {
 		if len(moved) == n {
 			break
 		}
-		gs := []Gate{
-			{Name: GatePins, Passed: !e.Pinned, Detail: fmt.Sprintf("%s pinned=%t", e.ID, e.Pinned)},
-			{Name: GateHealthExclusions, Passed: e.Live() && e.Role == pool, Detail: fmt.Sprintf("%s is %s", e.ID, e.Lifecycle)},
+		gs := []decisionlog.Gate{
+			{Name: decisionlog.GatePins, Passed: !e.Pinned, Detail: fmt.Sprintf("%s pinned=%t", e.ID, e.Pinned)},
+			{Name: decisionlog.GateHealthExclusions, Passed: e.Live() && e.Role == pool, Detail: fmt.Sprintf("%s is %s", e.ID, e.Lifecycle)},
 			c.dwellGate(s.t, e),
-			{Name: GateProfileCoverage, Passed: c.hasCurve(e, dir), Detail: fmt.Sprintf("%s: profile %s has the curve of the %s role: %t", e.ID, e.Profile, floor, c.hasCurve(e, dir))},
+			{Name: decisionlog.GateProfileCoverage, Passed: c.hasCurve(e, dir), Detail: fmt.Sprintf("%s: profile %s has the curve of the %s role: %t", e.ID, e.Profile, floor, c.hasCurve(e, dir))},
 		}
 		ok := true
 		for _, g := range gs {
@@ -895,7 +896,7 @@ func (c *Controller) repair(s *state, dir string, n int) Decision {
 	}
 	if len(moved) == 0 {
 		d.Gates = blocked
-		d.Outcome = OutcomeBlocked
+		d.Outcome = decisionlog.OutcomeBlocked
 		d.Reason += "; no engine may move"
 		for _, g := range blocked {
 			if !g.Passed {
@@ -905,23 +906,23 @@ func (c *Controller) repair(s *state, dir string, n int) Decision {
 		}
 		return c.advise(d, nil)
 	}
-	after := Split{len(s.cur.Prefill) - len(moved), len(s.cur.Decode) + len(moved)}
+	after := decisionlog.Split{Prefill: len(s.cur.Prefill) - len(moved), Decode: len(s.cur.Decode) + len(moved)}
 	if dir == ToPrefill {
-		after = Split{len(s.cur.Prefill) + len(moved), len(s.cur.Decode) - len(moved)}
+		after = decisionlog.Split{Prefill: len(s.cur.Prefill) + len(moved), Decode: len(s.cur.Decode) - len(moved)}
 	}
 	d.SplitAfter = after
 	d.Switch = switchMethod(moved...)
 	if c.cfg.Advisory {
-		d.Outcome, d.AdvisoryResult, d.SplitAfter = OutcomeAdvisory, "would_move", after
+		d.Outcome, d.AdvisoryResult, d.SplitAfter = decisionlog.OutcomeAdvisory, decisionlog.WouldMove, after
 		return d
 	}
-	d.Outcome = OutcomeMoved
+	d.Outcome = decisionlog.OutcomeMoved
 	for _, e := range moved {
 		to := fleet.Decode
 		if dir == ToPrefill {
 			to = fleet.Prefill
 		}
-		d.Moves = append(d.Moves, Move{Engine: e.ID, From: e.Role.String(), To: to.String()})
+		d.Moves = append(d.Moves, decisionlog.Move{Engine: e.ID, From: e.Role.String(), To: to.String()})
 	}
 	return d
 }
@@ -992,12 +993,12 @@ func cmpRank(a, b rank) int {
 // it more: it changes role only when the split with it in the other role strictly improves on
 // the split with it in its own (lower worst by more than min_gain, as a regular move); on a
 // tie it keeps its role. A pinned engine keeps its role.
-func (c *Controller) readmit(s *state, e fleet.Engine) Decision {
-	d := c.base(s, CallerReadmission)
+func (c *Controller) readmit(s *state, e fleet.Engine) decisionlog.Decision {
+	d := c.base(s, decisionlog.CallerReadmission)
 	asPrefill, asDecode := moveEngine(s.cur, e.ID, ToPrefill), moveEngine(s.cur, e.ID, ToDecode)
 	ps, _ := s.view.Price(s.now, router.Query{Splits: []router.Split{asPrefill, asDecode}, StepS: c.cfg.Reactive.StepS})
 	pp, pd := ps[0], ps[1]
-	d.Candidates = []Priced{priced(asPrefill, pp, e.Role == fleet.Prefill, e.ID), priced(asDecode, pd, e.Role == fleet.Decode, e.ID)}
+	d.Candidates = []decisionlog.Priced{priced(asPrefill, pp, e.Role == fleet.Prefill, e.ID), priced(asDecode, pd, e.Role == fleet.Decode, e.ID)}
 	gain := c.cfg.Thresholds.MinGain
 	want, dir := e.Role, ToPrefill
 	switch {
@@ -1007,7 +1008,7 @@ func (c *Controller) readmit(s *state, e fleet.Engine) Decision {
 		want, dir = fleet.Decode, ToDecode
 	}
 	if want == e.Role {
-		d.Outcome = OutcomeRetained
+		d.Outcome = decisionlog.OutcomeRetained
 		d.Reason = fmt.Sprintf("%s readmitted as %s: worst %.3f as prefill, %.3f as decode", e.ID, e.Role, pp.Worst, pd.Worst)
 		return c.advise(d, nil)
 	}
@@ -1015,31 +1016,31 @@ func (c *Controller) readmit(s *state, e fleet.Engine) Decision {
 	if want == fleet.Decode {
 		after = asDecode
 	}
-	d.Gates = []Gate{
-		{Name: GatePins, Passed: !e.Pinned, Detail: fmt.Sprintf("%s pinned=%t", e.ID, e.Pinned)},
+	d.Gates = []decisionlog.Gate{
+		{Name: decisionlog.GatePins, Passed: !e.Pinned, Detail: fmt.Sprintf("%s pinned=%t", e.ID, e.Pinned)},
 		c.floorsGate(len(after.Prefill), len(after.Decode)),
 		c.dwellGate(s.t, e),
-		{Name: GateProfileCoverage, Passed: c.hasCurve(e, dir), Detail: fmt.Sprintf("%s: profile %s has a %s curve: %t", e.ID, e.Profile, want, c.hasCurve(e, dir))},
+		{Name: decisionlog.GateProfileCoverage, Passed: c.hasCurve(e, dir), Detail: fmt.Sprintf("%s: profile %s has a %s curve: %t", e.ID, e.Profile, want, c.hasCurve(e, dir))},
 	}
 	for i := range d.Gates {
 		if !d.Gates[i].Passed {
-			d.Outcome = OutcomeBlocked
+			d.Outcome = decisionlog.OutcomeBlocked
 			d.Reason = fmt.Sprintf("%s readmitted as %s; %s would price lower; blocked by %s", e.ID, e.Role, want, d.Gates[i].Name)
 			return c.advise(d, &d.Gates[i])
 		}
 	}
 	d.Direction = dir
 	d.Reason = fmt.Sprintf("%s readmitted as %s: worst %.3f as prefill, %.3f as decode", e.ID, want, pp.Worst, pd.Worst)
-	d.SplitAfter = Split{len(asPrefill.Prefill), len(asPrefill.Decode)}
+	d.SplitAfter = decisionlog.Split{Prefill: len(asPrefill.Prefill), Decode: len(asPrefill.Decode)}
 	if want == fleet.Decode {
-		d.SplitAfter = Split{len(asDecode.Prefill), len(asDecode.Decode)}
+		d.SplitAfter = decisionlog.Split{Prefill: len(asDecode.Prefill), Decode: len(asDecode.Decode)}
 	}
 	if c.cfg.Advisory {
-		d.Outcome, d.AdvisoryResult = OutcomeAdvisory, "would_move"
+		d.Outcome, d.AdvisoryResult = decisionlog.OutcomeAdvisory, decisionlog.WouldMove
 		return d
 	}
-	d.Outcome, d.Switch = OutcomeMoved, switchMethod(e)
-	d.Moves = []Move{{Engine: e.ID, From: e.Role.String(), To: want.String()}}
+	d.Outcome, d.Switch = decisionlog.OutcomeMoved, switchMethod(e)
+	d.Moves = []decisionlog.Move{{Engine: e.ID, From: e.Role.String(), To: want.String()}}
 	return d
 }
 
@@ -1061,17 +1062,17 @@ var ErrProposal = errors.New("controller: bad proposed split")
 // api): the moves that reach it from the current split by the donor rules, priced, with the
 // gates of its direction checked on each moved engine (confirmation aside: an operator's
 // proposal needs none). Nothing moves, whatever controller.advisory says.
-func (c *Controller) Advise(now time.Time, fl fleet.Snapshot, v View, prefill, decode int, reason string) (Decision, error) {
+func (c *Controller) Advise(now time.Time, fl fleet.Snapshot, v View, prefill, decode int, reason string) (decisionlog.Decision, error) {
 	t := c.at(now)
 	s := newState(c, now, t, fl, v)
 	c.observeWindow(t, &s)
 	p, d := len(s.cur.Prefill), len(s.cur.Decode)
 	if prefill < 0 || decode < 0 || prefill+decode != p+d {
-		return Decision{}, fmt.Errorf("%w: %d prefill + %d decode; the live engines are %d (%d prefill, %d decode)", ErrProposal, prefill, decode, p+d, p, d)
+		return decisionlog.Decision{}, fmt.Errorf("%w: %d prefill + %d decode; the live engines are %d (%d prefill, %d decode)", ErrProposal, prefill, decode, p+d, p, d)
 	}
-	rec := c.base(&s, CallerAPI)
+	rec := c.base(&s, decisionlog.CallerAPI)
 	rec.Reason = reason
-	rec.Outcome, rec.AdvisoryResult = OutcomeAdvisory, "retained"
+	rec.Outcome, rec.AdvisoryResult = decisionlog.OutcomeAdvisory, decisionlog.WouldRetain
 	dir, n := ToPrefill, prefill-p
 	if n < 0 {
 		dir, n = ToDecode, -n
@@ -1096,18 +1097,18 @@ func (c *Controller) Advise(now time.Time, fl fleet.Snapshot, v View, prefill, d
 	cand.price = ps[1]
 	pc := priced(cand.split, cand.price, false, cand.donor.ID)
 	rec.Candidates = append(rec.Candidates, pc)
-	rec.SplitAfter = Split{len(cand.split.Prefill), len(cand.split.Decode)}
+	rec.SplitAfter = decisionlog.Split{Prefill: len(cand.split.Prefill), Decode: len(cand.split.Decode)}
 	for _, e := range donors {
 		cand.donor = e
-		for _, g := range c.gates(&s, &cand, p0, CallerAPI) {
+		for _, g := range c.gates(&s, &cand, p0, decisionlog.CallerAPI) {
 			rec.Gates = append(rec.Gates, g)
-			if !g.Passed && !strings.HasPrefix(rec.AdvisoryResult, "blocked:") {
-				rec.AdvisoryResult = "blocked:" + g.Name
+			if !g.Passed && !strings.HasPrefix(rec.AdvisoryResult, decisionlog.WouldBlockedBy) {
+				rec.AdvisoryResult = decisionlog.WouldBlockedBy + g.Name
 			}
 		}
 	}
-	if rec.AdvisoryResult == "retained" {
-		rec.AdvisoryResult = "would_move"
+	if rec.AdvisoryResult == decisionlog.WouldRetain {
+		rec.AdvisoryResult = decisionlog.WouldMove
 	}
 	return c.record(rec), nil
 }

@@ -6,13 +6,13 @@
 // an urgent evaluation the router triggered, or a regular pass — prices candidate splits with
 // the router's own projection, applies every gate (pins, health, dwell, cooldown, coverage,
 // confirmations, the arrival-evidence window, the decode donor's residents), and proposes one
-// Decision record. The caller applies what it can of the decision's moves to the fleet
+// decision record (decisionlog.Decision). The caller applies what it can of the decision's moves to the fleet
 // (ApplyDecision; NotApplied when it cannot persist them) and acknowledges it (Applied): only a
 // move made counts for the guards. Durable and Restore carry the guard state across restarts.
 //
 // Live runs a Controller in real time beside router.Live: it sleeps until NextDeadline or an
 // urgent trigger, prices a fork of the router taken under its lock, persists, applies, logs and
-// publishes each decision. Log writes the decision log (JSON lines) that package audit checks
+// publishes each decision to the decision log (decisionlog.Log), which package audit checks
 // without this package's code. The health monitor (Monitor over the Health core) and the
 // in-place switcher (Switcher) also live here; the engine-facing clients they call (the HTTP
 // probe, the SGLang switch) are package engineclient.

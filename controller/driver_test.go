@@ -13,6 +13,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/audit"
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/internal/scripttest"
 	"github.com/narwhal-llm/narwhal/router"
@@ -36,7 +37,7 @@ import (
 type driver struct {
 	scripttest.Driver // time, requests and fleet changes (the commands shared with the router's scripts)
 	t                 *testing.T
-	log               *Log
+	log               *decisionlog.Log
 	buf               *bytes.Buffer
 	external          bool // a role change outside the controller: the log is not the controller's alone
 	cfg               *config.Config
@@ -233,7 +234,7 @@ func (d *driver) init(td *datadriven.TestData) {
 	}
 	d.audit()
 	d.buf, d.external = &bytes.Buffer{}, false
-	d.log = NewLog(d.buf, epoch, cfg, fl.Snapshot())
+	d.log = decisionlog.New(d.buf, epoch, cfg, fl.Snapshot())
 	fl.OnChange(d.log.Fleet)
 	d.cfg = cfg
 	d.Start(d.t, fl, router.New(cfg, fl.Snapshot(), epoch))

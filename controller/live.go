@@ -2,16 +2,12 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
 )
@@ -28,7 +24,7 @@ var _ Router = (*router.Live)(nil)
 // Observer receives every decision (metrics) once it is applied, logged and listed by Recent;
 // nil is allowed.
 type Observer interface {
-	ObserveDecision(d *Decision, took time.Duration)
+	ObserveDecision(d *decisionlog.Decision, took time.Duration)
 }
 
 // RecentDecisions is how many decision records Live keeps for /narwhal/state.
@@ -44,15 +40,15 @@ type Live struct {
 	router   Router
 	log      *slog.Logger
 	observer Observer
-	dlog     *Log
-	persist  func(d *Decision, c Durable) error
+	dlog     *decisionlog.Log
+	persist  func(d *decisionlog.Decision, c Durable) error
 
 	triggers *Triggers // handed over without waiting for an evaluation under way
 
 	mu     sync.Mutex
 	c      *Controller
 	fork   *router.Router // the router as the last evaluation priced it (storage reused)
-	recent []Decision
+	recent []decisionlog.Decision
 }
 
 // Triggers is the mailbox of urgent-wake triggers between the live router and the live
@@ -87,7 +83,7 @@ type LiveOptions struct {
 	Router   Router
 	Logger   *slog.Logger
 	Observer Observer
-	Log      *Log // the decision log; nil writes none
+	Log      *decisionlog.Log // the decision log; nil writes none
 	// Triggers is where the router's urgent triggers arrive (its Hooks.Trigger is Triggers.Put);
 	// nil: a mailbox of Live's own (Live.Trigger puts into it).
 	Triggers *Triggers
@@ -96,7 +92,7 @@ type LiveOptions struct {
 	// them, so a successor never numbers a decision again), and an error keeps the decision's
 	// moves from being applied (the decision is recorded blocked, saying why). Replicas on etcd
 	// use it: no role move they cannot persist.
-	Persist func(d *Decision, c Durable) error
+	Persist func(d *decisionlog.Decision, c Durable) error
 }
 
 // NewLive wraps c.
@@ -127,10 +123,10 @@ func (l *Live) takeTriggers() {
 }
 
 // Recent returns the last decision records, oldest first.
-func (l *Live) Recent() []Decision {
+func (l *Live) Recent() []decisionlog.Decision {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]Decision(nil), l.recent...)
+	return append([]decisionlog.Decision(nil), l.recent...)
 }
 
 // Durable returns the controller's durable state (Controller.Durable) between evaluations.
@@ -148,7 +144,7 @@ func (l *Live) Restore(d Durable) {
 }
 
 // Window returns the arrival-evidence window as the last evaluation saw it.
-func (l *Live) Window() WindowState {
+func (l *Live) Window() decisionlog.WindowState {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.c.windowState()
@@ -176,8 +172,8 @@ func (l *Live) Run(ctx context.Context) error {
 
 // Advise evaluates a proposed split as an advisory decision (Controller.Advise) on the live
 // router, records it like any decision and returns it.
-func (l *Live) Advise(prefill, decode int, reason string) (Decision, error) {
-	var d Decision
+func (l *Live) Advise(prefill, decode int, reason string) (decisionlog.Decision, error) {
+	var d decisionlog.Decision
 	var err error
 	snap := l.fleet.Snapshot()
 	begin := time.Now()
@@ -196,7 +192,7 @@ func (l *Live) Advise(prefill, decode int, reason string) (Decision, error) {
 // evaluateDue runs every evaluation due now, applying each one's moves before the next.
 func (l *Live) evaluateDue() {
 	for {
-		var d Decision
+		var d decisionlog.Decision
 		var ok bool
 		var took time.Duration
 		snap := l.fleet.Snapshot()
@@ -222,7 +218,7 @@ func (l *Live) evaluateDue() {
 }
 
 // publish logs a decision, lists it in Recent, and tells the observer; l.mu is held.
-func (l *Live) publish(d *Decision, took time.Duration) {
+func (l *Live) publish(d *decisionlog.Decision, took time.Duration) {
 	l.dlog.Decision(d)
 	if len(l.recent) == RecentDecisions {
 		copy(l.recent, l.recent[1:])
@@ -232,7 +228,7 @@ func (l *Live) publish(d *Decision, took time.Duration) {
 	// Moves and blocks (advisory ones too) at info; the routine rest (retained, dropped, an
 	// advisory pass that would retain) at debug.
 	level := slog.LevelDebug
-	if d.Outcome == OutcomeMoved || d.Outcome == OutcomeBlocked || d.Outcome == OutcomeAdvisory && d.AdvisoryResult != "retained" {
+	if d.Outcome == decisionlog.OutcomeMoved || d.Outcome == decisionlog.OutcomeBlocked || d.Outcome == decisionlog.OutcomeAdvisory && d.AdvisoryResult != decisionlog.WouldRetain {
 		level = slog.LevelInfo
 	}
 	l.log.Log(context.Background(), level, "role decision", "seq", d.Seq, "caller", d.Caller, "outcome", d.Outcome, "advisory_result", d.AdvisoryResult, "reason", d.Reason, "moves", d.Moves)
@@ -243,7 +239,7 @@ func (l *Live) publish(d *Decision, took time.Duration) {
 
 // apply makes a decision's moves in the fleet at the decision's time, once Persist (if any)
 // has made the decision durable; l.mu is held.
-func (l *Live) apply(d *Decision, now time.Time) {
+func (l *Live) apply(d *decisionlog.Decision, now time.Time) {
 	if err := l.durable(d); err != nil && len(d.Moves) > 0 {
 		l.log.Warn("role move not applied: its state could not be written", "decision", d.Seq, "err", err)
 		NotApplied(d, fmt.Sprintf("the state could not be written (%v)", err))
@@ -254,18 +250,18 @@ func (l *Live) apply(d *Decision, now time.Time) {
 // NotApplied records that the edge makes none of d's moves, and why: a moved decision becomes
 // blocked, its split stays where it was. Acknowledged so (Controller.Applied), it leaves the
 // controller's guards as they were.
-func NotApplied(d *Decision, why string) {
+func NotApplied(d *decisionlog.Decision, why string) {
 	d.Reason += "; not applied: " + why
 	d.Moves, d.SplitAfter = nil, d.SplitBefore
-	if d.Outcome == OutcomeMoved {
-		d.Outcome = OutcomeBlocked
+	if d.Outcome == decisionlog.OutcomeMoved {
+		d.Outcome = decisionlog.OutcomeBlocked
 	}
 }
 
 // durable hands d to Persist, if any; l.mu is held. A failure is logged: it keeps a decision's
 // moves from being applied, and a decision without moves goes on (the state is written again
 // after the next change).
-func (l *Live) durable(d *Decision) error {
+func (l *Live) durable(d *decisionlog.Decision) error {
 	if l.persist == nil {
 		return nil
 	}
@@ -297,19 +293,19 @@ func (p livePreparer) Prepare(engine string) {
 // that switches in place (switch: sglang) starts its switch (lifecycle switching; a Switcher
 // ends it). A move the fleet refuses (an engine an operator pinned in between) is logged and
 // left out of the record, whose outcome and split say what happened. log may be nil.
-func ApplyDecision(f *fleet.Fleet, p Preparer, d *Decision, now time.Time, log *slog.Logger) {
+func ApplyDecision(f *fleet.Fleet, p Preparer, d *decisionlog.Decision, now time.Time, log *slog.Logger) {
 	// A regular pass replaces the preparation (one that prepares nothing ends it); an urgent
 	// evaluation sets it, or ends it with a move, but one that neither prepares nor moves leaves
 	// it alone: it judged only its triggering request, and the urgent wakes between two passes
 	// would otherwise cancel the pass's preparation before its donor could drain.
-	if d.Caller == CallerRegular || d.Caller == CallerUrgent && (d.Prepare != "" || len(d.Moves) > 0) {
+	if d.Caller == decisionlog.CallerRegular || d.Caller == decisionlog.CallerUrgent && (d.Prepare != "" || len(d.Moves) > 0) {
 		defer p.Prepare(d.Prepare)
 	}
 	kept := d.Moves[:0]
 	for _, m := range d.Moves {
 		role, err := fleet.ParseRole(m.To)
 		if err == nil {
-			_, err = f.Move(m.Engine, role, now, DecisionCause(d.Seq))
+			_, err = f.Move(m.Engine, role, now, d.Seq)
 		}
 		if err != nil {
 			if log != nil {
@@ -320,7 +316,7 @@ func ApplyDecision(f *fleet.Fleet, p Preparer, d *Decision, now time.Time, log *
 		}
 		kept = append(kept, m)
 	}
-	if len(kept) < len(d.Moves) && d.Outcome == OutcomeMoved {
+	if len(kept) < len(d.Moves) && d.Outcome == decisionlog.OutcomeMoved {
 		p, q := d.SplitBefore.Prefill, d.SplitBefore.Decode
 		for _, m := range kept {
 			if m.To == fleet.Prefill.String() {
@@ -329,105 +325,10 @@ func ApplyDecision(f *fleet.Fleet, p Preparer, d *Decision, now time.Time, log *
 				p, q = p-1, q+1
 			}
 		}
-		d.SplitAfter = Split{p, q}
+		d.SplitAfter = decisionlog.Split{Prefill: p, Decode: q}
 		if len(kept) == 0 {
-			d.Outcome = OutcomeBlocked
+			d.Outcome = decisionlog.OutcomeBlocked
 		}
 	}
 	d.Moves = kept
-}
-
-// DecisionCause is the fleet event cause of a move made by decision seq.
-func DecisionCause(seq uint64) string { return "decision " + strconv.FormatUint(seq, 10) }
-
-// Log writes the decision log (docs/role-control.md, "Decision log"): JSON lines, the
-// effective config and a fleet snapshot first, then every fleet event and decision in the
-// order they happened. It is safe for concurrent use; a nil *Log writes nothing.
-type Log struct {
-	mu    sync.Mutex
-	w     io.Writer
-	enc   *json.Encoder
-	epoch time.Time
-	err   error
-}
-
-// NewLog starts a decision log on w at epoch, with the config and the fleet as they start.
-func NewLog(w io.Writer, epoch time.Time, cfg *config.Config, snap fleet.Snapshot) *Log {
-	l := &Log{w: w, enc: json.NewEncoder(w), epoch: epoch}
-	// epoch_unix_s puts the log on the wall clock: narwhal audit merges the logs of several
-	// replicas on it.
-	l.write(map[string]any{"kind": "config", "time_s": 0.0, "epoch_unix_s": float64(epoch.UnixMicro()) / 1e6, "controller": cfg.Controller, "slo": cfg.SLO})
-	l.Snapshot(epoch, snap)
-	return l
-}
-
-// Snapshot logs the whole fleet at now (a `fleet` `snapshot` line): the log's start, and again
-// whenever the fleet changed without events, as when a replica takes over and restores the
-// state the last leader wrote. A reader (narwhal audit) takes the engines from it afresh.
-func (l *Log) Snapshot(now time.Time, snap fleet.Snapshot) {
-	if l == nil {
-		return
-	}
-	engines := make([]map[string]any, 0, len(snap.Engines))
-	for _, e := range snap.Engines {
-		engines = append(engines, map[string]any{"id": e.ID, "role": e.Role.String(), "lifecycle": e.Lifecycle.String(), "pinned": e.Pinned})
-	}
-	l.write(map[string]any{"kind": "fleet", "time_s": now.Sub(l.epoch).Seconds(), "event": "snapshot", "engines": engines})
-}
-
-// Fleet logs one fleet event (fleet.Fleet.OnChange). Address changes are left out.
-func (l *Log) Fleet(ev fleet.Event) {
-	if l == nil || ev.Kind == fleet.EventAddress {
-		return
-	}
-	rec := map[string]any{"kind": "fleet", "time_s": ev.Time.Sub(l.epoch).Seconds(), "event": string(ev.Kind), "engine": ev.Engine, "cause": ev.Cause}
-	switch ev.Kind {
-	case fleet.EventPin:
-		rec["pinned"] = ev.Pinned
-	case fleet.EventHold:
-		rec["held"] = ev.Held
-	case fleet.EventSwitch:
-		rec["from"], rec["to"], rec["result"] = ev.From, ev.To, string(ev.Result)
-	default:
-		rec["from"], rec["to"] = ev.From, ev.To
-	}
-	switch ev.Kind {
-	case fleet.EventAdded:
-		rec["address"], rec["profile"] = ev.Address, ev.Profile
-	case fleet.EventRole:
-		if fleet.IsOperatorCause(ev.Cause) {
-			rec["caller"] = CallerOperator
-		}
-	}
-	if n, ok := strings.CutPrefix(ev.Cause, "decision "); ok && ev.Kind == fleet.EventRole {
-		if seq, err := strconv.ParseUint(n, 10, 64); err == nil {
-			rec["decision"] = seq
-		}
-	}
-	l.write(rec)
-}
-
-// Decision logs one decision record.
-func (l *Log) Decision(d *Decision) {
-	if l != nil {
-		l.write(d)
-	}
-}
-
-// Err is the first write error, if any.
-func (l *Log) Err() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.err
-}
-
-func (l *Log) write(v any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.err != nil {
-		return
-	}
-	if err := l.enc.Encode(v); err != nil {
-		l.err = fmt.Errorf("decision log: %w", err)
-	}
 }

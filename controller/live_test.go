@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/internal/logbuf"
 	"github.com/narwhal-llm/narwhal/router"
@@ -39,13 +40,13 @@ type urgentFixture struct {
 	rl      *router.Live
 	roles   *Live
 	buf     *logbuf.Buffer
-	decided chan Decision
+	decided chan decisionlog.Decision
 	changed <-chan struct{}
 	ctx     context.Context
 	wg      *sync.WaitGroup
 }
 
-func newUrgentFixture(t *testing.T, persist func(*Decision, Durable) error) *urgentFixture {
+func newUrgentFixture(t *testing.T, persist func(*decisionlog.Decision, Durable) error) *urgentFixture {
 	t.Helper()
 	cfg := config.Default()
 	cfg.Controller.Reactive.UrgentDelayS = 0.05
@@ -64,11 +65,11 @@ func newUrgentFixture(t *testing.T, persist func(*Decision, Durable) error) *urg
 	if err != nil {
 		t.Fatal(err)
 	}
-	fx := &urgentFixture{f: f, buf: &logbuf.Buffer{}, decided: make(chan Decision, 16), wg: &sync.WaitGroup{}}
-	dlog := NewLog(fx.buf, start, cfg, f.Snapshot())
+	fx := &urgentFixture{f: f, buf: &logbuf.Buffer{}, decided: make(chan decisionlog.Decision, 16), wg: &sync.WaitGroup{}}
+	dlog := decisionlog.New(fx.buf, start, cfg, f.Snapshot())
 	f.OnChange(dlog.Fleet)
 	fx.rl = router.NewLive(router.New(cfg, f.Snapshot(), start), time.Now, router.Hooks{Trigger: func(tr router.Trigger) { fx.roles.Trigger(tr) }})
-	fx.roles = NewLive(New(cfg, start), LiveOptions{Fleet: f, Router: fx.rl, Log: dlog, Persist: persist, Observer: observerFunc(func(d *Decision) {
+	fx.roles = NewLive(New(cfg, start), LiveOptions{Fleet: f, Router: fx.rl, Log: dlog, Persist: persist, Observer: observerFunc(func(d *decisionlog.Decision) {
 		select {
 		case fx.decided <- *d:
 		default:
@@ -124,7 +125,7 @@ func TestLiveUrgentMove(t *testing.T) {
 	for seq == 0 {
 		select {
 		case d := <-decided:
-			if d.Caller == CallerUrgent && d.Outcome == OutcomeMoved {
+			if d.Caller == decisionlog.CallerUrgent && d.Outcome == decisionlog.OutcomeMoved {
 				seq = d.Seq
 			}
 		case <-deadline:
@@ -152,21 +153,21 @@ func TestLiveUrgentMove(t *testing.T) {
 	}
 }
 
-type observerFunc func(*Decision)
+type observerFunc func(*decisionlog.Decision)
 
-func (f observerFunc) ObserveDecision(d *Decision, _ time.Duration) { f(d) }
+func (f observerFunc) ObserveDecision(d *decisionlog.Decision, _ time.Duration) { f(d) }
 
 // Ratios are JSON numbers, "+Inf" beyond capacity, and never invalid JSON.
 func TestRatioJSON(t *testing.T) {
 	for _, c := range []struct {
-		r    Ratio
+		r    decisionlog.Ratio
 		want string
-	}{{0.5, "0.5"}, {Ratio(math.Inf(1)), `"+Inf"`}, {Ratio(math.NaN()), "null"}, {1.23456789, "1.23457"}} {
+	}{{0.5, "0.5"}, {decisionlog.Ratio(math.Inf(1)), `"+Inf"`}, {decisionlog.Ratio(math.NaN()), "null"}, {1.23456789, "1.23457"}} {
 		b, err := json.Marshal(c.r)
 		if err != nil || string(b) != c.want {
 			t.Fatalf("%v: %s %v, want %s", float64(c.r), b, err, c.want)
 		}
-		var back Ratio
+		var back decisionlog.Ratio
 		if c.want != "null" {
 			if err := json.Unmarshal(b, &back); err != nil || (back != c.r && !(math.IsInf(float64(back), 1) && math.IsInf(float64(c.r), 1)) && c.want != "1.23457") {
 				t.Fatalf("%s back: %v %v", b, back, err)
@@ -180,8 +181,8 @@ func TestRatioJSON(t *testing.T) {
 // placing with the roles it has. Persist gets the decision with its moves before the fleet
 // changes.
 func TestLiveMoveNotPersistedIsNotApplied(t *testing.T) {
-	var asked []Move
-	fx := newUrgentFixture(t, func(d *Decision, c Durable) error {
+	var asked []decisionlog.Move
+	fx := newUrgentFixture(t, func(d *decisionlog.Decision, c Durable) error {
 		asked = append(asked, d.Moves...)
 		if c.Seq != d.Seq {
 			t.Errorf("Persist got controller seq %d for decision %d", c.Seq, d.Seq)
@@ -198,15 +199,15 @@ func TestLiveMoveNotPersistedIsNotApplied(t *testing.T) {
 		placed <- out
 	})
 	deadline := time.After(10 * time.Second)
-	var d Decision
-	for d.Caller != CallerUrgent || !strings.Contains(d.Reason, "not applied") {
+	var d decisionlog.Decision
+	for d.Caller != decisionlog.CallerUrgent || !strings.Contains(d.Reason, "not applied") {
 		select {
 		case d = <-fx.decided:
 		case <-deadline:
 			t.Fatalf("no unapplied urgent move; decisions %+v", fx.roles.Recent())
 		}
 	}
-	if d.Outcome != OutcomeBlocked || len(d.Moves) != 0 || d.SplitAfter != d.SplitBefore {
+	if d.Outcome != decisionlog.OutcomeBlocked || len(d.Moves) != 0 || d.SplitAfter != d.SplitBefore {
 		t.Fatalf("decision %+v", d)
 	}
 	if len(asked) == 0 || asked[0].Engine != "e3" || asked[0].To != "prefill" {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/audit"
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
 )
@@ -59,7 +60,7 @@ func TestAuditedProperty(t *testing.T) {
 			rt.Fatal(err)
 		}
 		var buf bytes.Buffer
-		log := NewLog(&buf, epoch, cfg, fl.Snapshot())
+		log := decisionlog.New(&buf, epoch, cfg, fl.Snapshot())
 		fl.OnChange(log.Fleet)
 		r := router.New(cfg, fl.Snapshot(), epoch)
 		ctl := New(cfg, epoch)
@@ -115,12 +116,12 @@ func TestAuditedProperty(t *testing.T) {
 					}
 					for _, m := range d.Moves {
 						for _, g := range d.Gates {
-							if !g.Passed && d.Caller != CallerRepair {
+							if !g.Passed && d.Caller != decisionlog.CallerRepair {
 								rt.Fatalf("decision %d moved with gate %s failed: %s", d.Seq, g.Name, g.Detail)
 							}
 						}
 						role, _ := fleet.ParseRole(m.To)
-						if _, err := fl.SetRole(m.Engine, role, now, DecisionCause(d.Seq)); err != nil {
+						if _, err := fl.Move(m.Engine, role, now, d.Seq); err != nil {
 							rt.Fatalf("decision %d: the fleet refused %v: %v", d.Seq, m, err)
 						}
 					}

@@ -217,41 +217,41 @@ func (f *Fleet) SetLifecycle(id string, to Lifecycle, now time.Time, cause strin
 // SetRole moves an engine to another role. Pinned engines keep theirs. The role-since time
 // restarts (dwell counts from it).
 func (f *Fleet) SetRole(id string, to Role, now time.Time, cause string) (Engine, error) {
-	return f.update(id, func(e *Engine) ([]Event, error) { return setRole(e, to, now, cause) })
+	return f.update(id, func(e *Engine) ([]Event, error) { return setRole(e, to, now, cause, 0) })
 }
 
-func setRole(e *Engine, to Role, now time.Time, cause string) ([]Event, error) {
+func setRole(e *Engine, to Role, now time.Time, cause string, decision uint64) ([]Event, error) {
 	if err := canMove(e, to); err != nil {
 		return nil, err
 	}
-	ev := Event{Time: now, Kind: EventRole, Engine: e.ID, From: e.Role.String(), To: to.String(), Cause: cause}
+	ev := Event{Time: now, Kind: EventRole, Engine: e.ID, From: e.Role.String(), To: to.String(), Cause: cause, Decision: decision}
 	e.Role, e.RoleSince, e.Moved, e.RoleOpen = to, now, true, false
 	return []Event{ev}, nil
 }
 
-// Move makes a role move the way the engine changes role: StartSwitch for one that switches in
-// place (InPlace), SetRole for the others.
-func (f *Fleet) Move(id string, to Role, now time.Time, cause string) (Engine, error) {
-	return f.update(id, func(e *Engine) ([]Event, error) { return move(e, to, now, cause) })
+// Move makes decision's role move the way the engine changes role: StartSwitch for one that
+// switches in place (InPlace), SetRole for the others; the events carry the decision's number.
+func (f *Fleet) Move(id string, to Role, now time.Time, decision uint64) (Engine, error) {
+	return f.update(id, func(e *Engine) ([]Event, error) { return move(e, to, now, decision) })
 }
 
-func move(e *Engine, to Role, now time.Time, cause string) ([]Event, error) {
+func move(e *Engine, to Role, now time.Time, decision uint64) ([]Event, error) {
 	if e.InPlace {
-		return startSwitch(e, to, now, cause)
+		return startSwitch(e, to, now, DecisionCause(decision), decision)
 	}
-	return setRole(e, to, now, cause)
+	return setRole(e, to, now, DecisionCause(decision), decision)
 }
 
 // Move previews Fleet.Move on the snapshot (the caller's own copy): the engine as the fleet
 // would have it after the move, by the same transition. A move the fleet would refuse is an
 // error and changes nothing.
-func (s *Snapshot) Move(id string, to Role, now time.Time, cause string) error {
+func (s *Snapshot) Move(id string, to Role, now time.Time, decision uint64) error {
 	for i := range s.Engines {
 		if s.Engines[i].ID != id {
 			continue
 		}
 		e := s.Engines[i]
-		if _, err := move(&e, to, now, cause); err != nil {
+		if _, err := move(&e, to, now, decision); err != nil {
 			return err
 		}
 		s.Engines[i] = e
@@ -274,12 +274,13 @@ func canMove(e *Engine, to Role) error {
 }
 
 // StartSwitch begins an in-place role switch of an engine that needs one (InPlace): it leaves
-// placement (switching) and keeps its role until FinishSwitch; cause names the decision.
+// placement (switching) and keeps its role until FinishSwitch; cause says who asked (a
+// decision's switch starts with Move).
 func (f *Fleet) StartSwitch(id string, to Role, now time.Time, cause string) (Engine, error) {
-	return f.update(id, func(e *Engine) ([]Event, error) { return startSwitch(e, to, now, cause) })
+	return f.update(id, func(e *Engine) ([]Event, error) { return startSwitch(e, to, now, cause, 0) })
 }
 
-func startSwitch(e *Engine, to Role, now time.Time, cause string) ([]Event, error) {
+func startSwitch(e *Engine, to Role, now time.Time, cause string, decision uint64) ([]Event, error) {
 	if err := canMove(e, to); err != nil {
 		return nil, err
 	}
@@ -295,7 +296,8 @@ func startSwitch(e *Engine, to Role, now time.Time, cause string) ([]Event, erro
 	if err != nil {
 		return nil, err
 	}
-	e.SwitchTo, e.SwitchCause = to, cause
+	ev.Decision = decision
+	e.SwitchTo, e.SwitchCause, e.SwitchDecision = to, cause, decision
 	return []Event{ev}, nil
 }
 
@@ -328,7 +330,7 @@ func (f *Fleet) FinishSwitch(id string, result SwitchResult, now time.Time, deta
 		switching := e.Lifecycle == Switching
 		switch result {
 		case SwitchSucceeded:
-			evs = append(evs, Event{Time: now, Kind: EventRole, Engine: e.ID, From: e.Role.String(), To: e.SwitchTo.String(), Cause: e.SwitchCause})
+			evs = append(evs, Event{Time: now, Kind: EventRole, Engine: e.ID, From: e.Role.String(), To: e.SwitchTo.String(), Cause: e.SwitchCause, Decision: e.SwitchDecision})
 			e.Role, e.RoleSince, e.Moved, e.RoleOpen = e.SwitchTo, now, true, false
 			if switching {
 				ev, _ := setLifecycle(e, Active, now, "switch")
@@ -346,7 +348,7 @@ func (f *Fleet) FinishSwitch(id string, result SwitchResult, now time.Time, deta
 		default:
 			return nil, fmt.Errorf("%w: engine %s: unknown switch result %q", ErrTransition, e.ID, result)
 		}
-		e.SwitchTo, e.SwitchCause, e.SwitchAsked = 0, "", false
+		e.SwitchTo, e.SwitchCause, e.SwitchDecision, e.SwitchAsked = 0, "", 0, false
 		return evs, nil
 	})
 }
@@ -383,7 +385,7 @@ func (f *Fleet) Restore(saved []Engine) (unknown []string, err error) {
 		e := &f.engines[i]
 		e.Role, e.RoleSince, e.Moved = s.Role, s.RoleSince, s.Moved
 		e.Lifecycle, e.LifecycleSince, e.Held = s.Lifecycle, s.LifecycleSince, s.Held
-		e.SwitchTo, e.SwitchCause = s.SwitchTo, s.SwitchCause
+		e.SwitchTo, e.SwitchCause, e.SwitchDecision = s.SwitchTo, s.SwitchCause, s.SwitchDecision
 		e.Pinned = e.Pinned || s.Pinned
 	}
 	// Engines added at run time that saved does not have left in the meantime (a standby

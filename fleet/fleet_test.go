@@ -461,10 +461,10 @@ func TestSnapshotMovePreviewsTheFleet(t *testing.T) {
 		id string
 		to Role
 	}{{"e2", Prefill}, {"e4", Prefill}} {
-		if err := preview.Move(m.id, m.to, t1, "decision 1"); err != nil {
+		if err := preview.Move(m.id, m.to, t1, 1); err != nil {
 			t.Fatalf("preview %s: %v", m.id, err)
 		}
-		if _, err := f.Move(m.id, m.to, t1, "decision 1"); err != nil {
+		if _, err := f.Move(m.id, m.to, t1, 1); err != nil {
 			t.Fatalf("move %s: %v", m.id, err)
 		}
 	}
@@ -480,11 +480,56 @@ func TestSnapshotMovePreviewsTheFleet(t *testing.T) {
 	}
 	before := f.Snapshot()
 	for _, id := range []string{"e3", "e9"} { // pinned, unknown
-		if err := before.Move(id, Prefill, t1, "decision 2"); err == nil {
+		if err := before.Move(id, Prefill, t1, 2); err == nil {
 			t.Errorf("%s: the preview moved it", id)
 		}
 	}
 	if !reflect.DeepEqual(before.Engines, f.Snapshot().Engines) {
 		t.Fatal("a refused preview changed the snapshot")
+	}
+}
+
+// A decision's move carries the decision's number on its events: the role event of an engine
+// that changes role by routing, and for one that switches in place the start of the switch and
+// the role event that ends it, however later. An operator's change carries none.
+func TestMoveEventsCarryTheDecision(t *testing.T) {
+	cfg := testConfig()
+	cfg.Engines[1].Switch = config.SwitchSGLang // e2 switches in place
+	cfg.Engines = append(cfg.Engines, config.Engine{ID: "e4", Address: "127.0.0.1:8004", Role: "decode", Profile: config.DefaultProfileName})
+	f, err := New(cfg, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	f.OnChange(func(ev Event) {
+		got = append(got, fmt.Sprintf("%s %s %s->%s %q #%d", ev.Engine, ev.Kind, ev.From, ev.To, ev.Cause, ev.Decision))
+	})
+	t1 := t0.Add(time.Minute)
+	if _, err := f.Move("e4", Prefill, t1, 7); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Move("e2", Prefill, t1, 8); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.AskSwitch("e2", t1, "asked"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.FinishSwitch("e2", SwitchSucceeded, t1.Add(time.Second), "ok"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.SetRole("e4", Decode, t1, OperatorCause("kubernetes")); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		`e4 role decode->prefill "decision 7" #7`,
+		`e2 lifecycle active->switching "decision 8" #8`,
+		`e2 switch decode->prefill "asked" #0`,
+		`e2 switch decode->prefill "ok" #0`,
+		`e2 role decode->prefill "decision 8" #8`,
+		`e2 lifecycle switching->active "switch" #0`,
+		`e4 role prefill->decode "operator (kubernetes)" #0`,
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -139,10 +140,12 @@ type Engine struct {
 	Moved bool
 	// LifecycleSince is when the lifecycle last changed.
 	LifecycleSince time.Time
-	// SwitchTo is the role an in-place switch under way goes to (zero when none), and
-	// SwitchCause the decision that started it ("decision N": the role event names it).
-	SwitchTo    Role
-	SwitchCause string
+	// SwitchTo is the role an in-place switch under way goes to (zero when none), SwitchCause
+	// who started it and SwitchDecision the decision that did (0 for an operator's): the role
+	// event that ends it carries both.
+	SwitchTo       Role
+	SwitchCause    string
+	SwitchDecision uint64
 	// SwitchAsked: the engine has been asked (AskSwitch). Not durable: a restart asks again.
 	SwitchAsked bool
 	// Source is where the engine comes from: SourceConfig (the config's engines list) or the
@@ -197,12 +200,18 @@ type Event struct {
 	To      string // new lifecycle, role or address
 	Pinned  bool   // for EventPin
 	Held    bool   // for EventHold
-	Cause   string // who asked: "admin", "health", a decision sequence number...
+	Cause   string // who asked: "admin", "health", DecisionCause(n)...
+	// Decision is the decision that made a role change (EventRole; 0 for the others and for
+	// changes no decision made), and that started a switch (EventLifecycle to switching).
+	Decision uint64
 	// Result is how a switch ended (EventSwitch; From and To are its roles, Cause the detail).
 	Result SwitchResult
 	// Address is an added engine's configured address and Profile its profile (EventAdded).
 	Address, Profile string
 }
+
+// DecisionCause is the cause of a change that decision seq made (Move).
+func DecisionCause(seq uint64) string { return "decision " + strconv.FormatUint(seq, 10) }
 
 // OperatorCause is the cause of a role change an operator made at source (a relabel).
 func OperatorCause(source string) string { return "operator (" + source + ")" }

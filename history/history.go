@@ -173,7 +173,7 @@ func quantiles(a, b Hist) *Quantiles {
 }
 
 // Document is the history as GET /narwhal/history answers it and a recorded page draws it
-// (docs/history.md); D is the decision record (controller.Decision, or its JSON).
+// (docs/history.md); D is the decision record (decisionlog.Decision, or its JSON).
 type Document[D any] struct {
 	// Epoch is the time decision records count their time_s from (the process's start).
 	Epoch     time.Time  `json:"epoch"`

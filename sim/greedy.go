@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
-	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/fleet"
 )
 
@@ -26,7 +26,7 @@ func (s *run) fork() *run {
 	*n = *s // what is shared: the config, the trace, engine indices; the rest is copied below
 	n.f, n.r, n.health = s.f.Clone(), s.r.Clone(), s.health.Clone()
 	n.logBuf = bytes.Buffer{}
-	n.log = controller.NewLog(&n.logBuf, Epoch, n.cfg, n.f.Snapshot())
+	n.log = decisionlog.New(&n.logBuf, Epoch, n.cfg, n.f.Snapshot())
 	n.f.OnChange(n.fleetEvent)
 	n.engines = make([]*simEngine, len(s.engines))
 	for i, e := range s.engines {

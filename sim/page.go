@@ -1,12 +1,12 @@
 package sim
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"slices"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/history"
 	"github.com/narwhal-llm/narwhal/page"
 	"github.com/narwhal-llm/narwhal/router"
@@ -113,13 +113,12 @@ func quantilesOf(v []float64) *history.Quantiles {
 // (advisory): the ones the page marks on its split.
 func decisionLines(log []byte) []json.RawMessage {
 	out := []json.RawMessage{}
-	sc := bufio.NewScanner(bytes.NewReader(log))
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for sc.Scan() {
-		b := sc.Bytes()
-		if bytes.Contains(b, []byte(`"kind":"decision"`)) && (bytes.Contains(b, []byte(`"outcome":"moved"`)) || bytes.Contains(b, []byte(`"advisory_result":"would_move"`))) {
-			out = append(out, json.RawMessage(slices.Clone(sc.Bytes())))
+	// The log is the replay's own, written in memory: it reads.
+	_ = decisionlog.Read(bytes.NewReader(log), func(l decisionlog.Line) error {
+		if d := l.Decision; d != nil && (d.Outcome == decisionlog.OutcomeMoved || d.AdvisoryResult == decisionlog.WouldMove) {
+			out = append(out, json.RawMessage(slices.Clone(l.Raw)))
 		}
-	}
+		return nil
+	})
 	return out
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/enginesim"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
@@ -34,7 +35,7 @@ type run struct {
 	c       *controller.Controller // narwhal only
 	planner *planner               // threshold only
 	health  *controller.Health
-	log     *controller.Log
+	log     *decisionlog.Log
 	logBuf  bytes.Buffer
 
 	engines []*simEngine
@@ -145,7 +146,7 @@ func newRun(cfg *config.Config, p Policy, reqs []Request, seed int64, end time.T
 	}
 	s := &run{cfg: cfg, policy: p, reqs: reqs, seed: seed, f: f, byID: map[string]int{}, handles: map[router.Handle]int32{},
 		out: make([]result, len(reqs)), now: Epoch, end: end, health: controller.NewHealth(cfg.Health)}
-	s.log = controller.NewLog(&s.logBuf, Epoch, cfg, f.Snapshot())
+	s.log = decisionlog.New(&s.logBuf, Epoch, cfg, f.Snapshot())
 	f.OnChange(s.fleetEvent)
 	s.r = router.New(cfg, f.Snapshot(), Epoch)
 	switch p.Kind {

@@ -51,11 +51,13 @@ type Engine struct {
 	LifecycleSince time.Time `json:"lifecycle_since"`
 	Pinned         bool      `json:"pinned"`
 	Held           bool      `json:"held"`
-	// SwitchTo and SwitchCause: an in-place role switch under way (lifecycle switching), the
-	// role it goes to and the decision that started it; a restart resumes it.
-	SwitchTo    string            `json:"switch_to,omitempty"`
-	SwitchCause string            `json:"switch_cause,omitempty"`
-	Correction  router.Correction `json:"correction"`
+	// SwitchTo, SwitchCause and SwitchDecision: an in-place role switch under way (lifecycle
+	// switching), the role it goes to, who started it and the decision that did; a restart
+	// resumes it.
+	SwitchTo       string            `json:"switch_to,omitempty"`
+	SwitchCause    string            `json:"switch_cause,omitempty"`
+	SwitchDecision uint64            `json:"switch_decision,omitempty"`
+	Correction     router.Correction `json:"correction"`
 	// An engine that joined at run time (docs/discovery.md) carries its membership: the source
 	// that added it, its address, profile and switch method, and whether its role is still the
 	// controller's to give. Config engines leave these out (source "" is config).
@@ -78,7 +80,7 @@ func Capture(snap fleet.Snapshot, c controller.Durable, loads []router.EngineLoa
 		se := Engine{
 			ID: e.ID, Role: e.Role.String(), RoleSince: e.RoleSince.UTC(), Moved: e.Moved,
 			Lifecycle: e.Lifecycle.String(), LifecycleSince: e.LifecycleSince.UTC(),
-			Pinned: e.Pinned, Held: e.Held, SwitchCause: e.SwitchCause, Correction: corr[e.ID],
+			Pinned: e.Pinned, Held: e.Held, SwitchCause: e.SwitchCause, SwitchDecision: e.SwitchDecision, Correction: corr[e.ID],
 		}
 		if e.SwitchTo != 0 {
 			se.SwitchTo = e.SwitchTo.String()
@@ -116,7 +118,7 @@ func (f *File) Fleet() ([]fleet.Engine, error) {
 			return nil, fmt.Errorf("engines[%d] (%s): added by %s without an address or a profile", i, e.ID, source)
 		}
 		out = append(out, fleet.Engine{ID: e.ID, Role: role, RoleSince: e.RoleSince, Moved: e.Moved,
-			Lifecycle: lc, LifecycleSince: e.LifecycleSince, Pinned: e.Pinned, Held: e.Held, SwitchTo: to, SwitchCause: e.SwitchCause,
+			Lifecycle: lc, LifecycleSince: e.LifecycleSince, Pinned: e.Pinned, Held: e.Held, SwitchTo: to, SwitchCause: e.SwitchCause, SwitchDecision: e.SwitchDecision,
 			Source: source, Address: e.Address, Profile: e.Profile, InPlace: e.InPlace, RoleOpen: e.RoleOpen})
 	}
 	return out, nil

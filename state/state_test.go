@@ -14,6 +14,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
 )
@@ -61,7 +62,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	last := t0.Add(5 * time.Second)
-	d := controller.Durable{Seq: 41, LastToDecode: &last, Confirmations: controller.Confirmed{DecodeExpand: 2}}
+	d := controller.Durable{Seq: 41, LastToDecode: &last, Confirmations: decisionlog.Confirmed{DecodeExpand: 2}}
 	d.Window.OpenedAt, d.Window.Arrivals, d.Window.Closed = t0, 77, true
 	loads := []router.EngineLoad{{ID: "a", Correction: router.Correction{Prefill: 1.4, Decode: 0.9, PrefillSamples: 30, DecodeSamples: 12}}}
 	dir := filepath.Join(t.TempDir(), "st")

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/narwhal-llm/narwhal/audit"
+	"github.com/narwhal-llm/narwhal/config"
 )
 
 func newAudit(stdout io.Writer) *cobra.Command {
@@ -21,17 +22,13 @@ func newAudit(stdout io.Writer) *cobra.Command {
 			if len(decisions) == 0 {
 				return usageErr(fmt.Errorf("audit: --decisions FILE is required"))
 			}
-			var rules *audit.Rules
+			var ctl *config.Controller
 			if cfgPath != "" {
 				cfg, err := loadConfig(cfgPath)
 				if err != nil {
 					return err
 				}
-				c := cfg.Controller
-				rules = &audit.Rules{Advisory: c.Advisory, MinPrefill: c.MinPrefill, MinDecode: c.MinDecode}
-				rules.Reactive.EvidenceSpanS, rules.Reactive.EvidenceMinArrivals, rules.Reactive.EvidenceMaxSpanS =
-					c.Reactive.EvidenceSpanS, c.Reactive.EvidenceMinArrivals, c.Reactive.EvidenceMaxSpanS
-				rules.Thresholds.CooldownS, rules.Thresholds.DwellS = c.Thresholds.CooldownS, c.Thresholds.DwellS
+				ctl = &cfg.Controller
 			}
 			logs := make([]audit.Log, 0, len(decisions))
 			for _, name := range decisions {
@@ -42,7 +39,7 @@ func newAudit(stdout io.Writer) *cobra.Command {
 				defer f.Close()
 				logs = append(logs, audit.Log{Name: name, R: f})
 			}
-			res, err := audit.AuditLogs(logs, rules)
+			res, err := audit.AuditLogs(logs, ctl)
 			if len(logs) == 1 && err != nil {
 				err = fmt.Errorf("%s: %w", decisions[0], err)
 			}

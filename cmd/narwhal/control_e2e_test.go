@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/gateway"
 	"github.com/narwhal-llm/narwhal/internal/poll"
 	"github.com/narwhal-llm/narwhal/wire"
@@ -79,10 +81,29 @@ func TestServeRoleControlEndToEnd(t *testing.T) {
 	})
 
 	out := stopAndAudit(t, srv, decisions)
-	for _, want := range []string{`"caller":"urgent","reason":"request`, `"caller":"repair"`, `"engine":"` + moved + `","event":"role"`} {
-		if b, _ := os.ReadFile(decisions); !strings.Contains(string(b), want) {
-			t.Fatalf("the decision log lacks %s:\n%s", want, b)
+	// The log has the urgent decision that moved an engine, its role event naming it, and the
+	// repair.
+	f, err := os.Open(decisions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var urgent, repair bool
+	var urgentSeq, movedBy uint64
+	err = decisionlog.Read(f, func(l decisionlog.Line) error {
+		switch d, ev := l.Decision, l.Fleet; {
+		case d != nil && d.Caller == decisionlog.CallerUrgent && d.Outcome == decisionlog.OutcomeMoved && strings.HasPrefix(d.Reason, "request "):
+			urgent, urgentSeq = true, d.Seq
+		case d != nil && d.Caller == decisionlog.CallerRepair && d.Outcome == decisionlog.OutcomeMoved:
+			repair = true
+		case ev != nil && ev.Event == fleet.EventRole && ev.Engine == moved && movedBy == 0:
+			movedBy = ev.Decision
 		}
+		return nil
+	})
+	if err != nil || !urgent || movedBy != urgentSeq || !repair {
+		b, _ := os.ReadFile(decisions)
+		t.Fatalf("the decision log (err %v): urgent move %t (decision %d), %s's role event names decision %d, repair %t:\n%s", err, urgent, urgentSeq, moved, movedBy, repair, b)
 	}
 	t.Logf("audit: %s", strings.TrimSpace(out))
 }

@@ -8,7 +8,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/narwhal-llm/narwhal/config"
-	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/history"
 	"github.com/narwhal-llm/narwhal/router"
@@ -18,7 +18,7 @@ import (
 // data path's histograms every admin.history.interval_s, and every decision record (it is a
 // controller.Observer).
 type recorder struct {
-	ring   *history.Ring[controller.Decision]
+	ring   *history.Ring[decisionlog.Decision]
 	fleet  *fleet.Fleet
 	router interface{ Snapshot() router.Snapshot }
 	reg    prometheus.Gatherer
@@ -27,12 +27,12 @@ type recorder struct {
 
 func newRecorder(cfg *config.Config, start time.Time, f *fleet.Fleet, rt interface{ Snapshot() router.Snapshot }, reg prometheus.Gatherer) *recorder {
 	h := cfg.Admin.History
-	at := func(d controller.Decision) time.Time { return start.Add(config.Seconds(d.TimeS)) }
+	at := func(d decisionlog.Decision) time.Time { return start.Add(config.Seconds(d.TimeS)) }
 	return &recorder{ring: history.NewRing(h.Samples, h.Decisions, at), fleet: f, router: rt, reg: reg, slo: cfg.SLO.TTFTS}
 }
 
 // ObserveDecision keeps the record.
-func (r *recorder) ObserveDecision(d *controller.Decision, _ time.Duration) { r.ring.AddDecision(*d) }
+func (r *recorder) ObserveDecision(d *decisionlog.Decision, _ time.Duration) { r.ring.AddDecision(*d) }
 
 // Run samples every interval until ctx ends.
 func (r *recorder) Run(ctx context.Context, interval time.Duration) {

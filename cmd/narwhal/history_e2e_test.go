@@ -7,12 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/history"
 	"github.com/narwhal-llm/narwhal/internal/poll"
 )
 
-func getHistory(t *testing.T, adminAddr, since string) (history.Document[controller.Decision], int) {
+func getHistory(t *testing.T, adminAddr, since string) (history.Document[decisionlog.Decision], int) {
 	t.Helper()
 	u := "http://" + adminAddr + "/narwhal/history"
 	if since != "" {
@@ -23,7 +23,7 @@ func getHistory(t *testing.T, adminAddr, since string) (history.Document[control
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var h history.Document[controller.Decision]
+	var h history.Document[decisionlog.Decision]
 	if resp.StatusCode == 200 {
 		if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
 			t.Fatal(err)
@@ -45,7 +45,7 @@ func TestServeHistory(t *testing.T) {
 		t.Fatalf("drain: %d %v", code, err)
 	}
 	drained := time.Now()
-	var h history.Document[controller.Decision]
+	var h history.Document[decisionlog.Decision]
 	if !poll.Within(10*time.Second, func() bool {
 		h, _ = getHistory(t, adminAddr, "")
 		n := len(h.Samples)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/ha"
 	"github.com/narwhal-llm/narwhal/router"
@@ -134,7 +135,7 @@ func (p *persister) Kick() {
 }
 
 // ObserveDecision kicks a write after every decision (its sequence number is durable state).
-func (p *persister) ObserveDecision(*controller.Decision, time.Duration) { p.Kick() }
+func (p *persister) ObserveDecision(*decisionlog.Decision, time.Duration) { p.Kick() }
 
 // Run writes on kicks and every persistEvery until ctx is done, then once more.
 func (p *persister) Run(ctx context.Context) {
@@ -171,7 +172,7 @@ func (p *persister) write() {
 // observers hands every decision to each of its observers.
 type observers []controller.Observer
 
-func (o observers) ObserveDecision(d *controller.Decision, took time.Duration) {
+func (o observers) ObserveDecision(d *decisionlog.Decision, took time.Duration) {
 	for _, x := range o {
 		x.ObserveDecision(d, took)
 	}

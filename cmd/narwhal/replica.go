@@ -14,6 +14,7 @@ import (
 	"github.com/narwhal-llm/narwhal/admin"
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/ha"
 	"github.com/narwhal-llm/narwhal/router"
@@ -179,8 +180,8 @@ func (r *replica) save(f *state.File) error {
 // persistDecision is the controller's Persist for a replica: the state with the decision (its
 // sequence number, its moves already made), written (fenced) before the fleet applies it and
 // the log shows it — so a successor neither loses a move nor numbers a decision again.
-func (r *replica) persistDecision(f *fleet.Fleet, loads func() []router.EngineLoad) func(*controller.Decision, controller.Durable) error {
-	return func(d *controller.Decision, c controller.Durable) error {
+func (r *replica) persistDecision(f *fleet.Fleet, loads func() []router.EngineLoad) func(*decisionlog.Decision, controller.Durable) error {
+	return func(d *decisionlog.Decision, c controller.Durable) error {
 		now := time.Now()
 		snap := f.Snapshot()
 		for _, m := range d.Moves {
@@ -189,7 +190,7 @@ func (r *replica) persistDecision(f *fleet.Fleet, loads func() []router.EngineLo
 				return err
 			}
 			// A move the fleet will refuse is not in the state: ApplyDecision records it refused.
-			_ = snap.Move(m.Engine, role, now, controller.DecisionCause(d.Seq))
+			_ = snap.Move(m.Engine, role, now, d.Seq)
 		}
 		return r.save(state.Capture(snap, c, loads(), now))
 	}

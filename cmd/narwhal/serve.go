@@ -26,6 +26,7 @@ import (
 	"github.com/narwhal-llm/narwhal/admin"
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/controller"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/discovery"
 	"github.com/narwhal-llm/narwhal/engineclient"
 	"github.com/narwhal-llm/narwhal/envoy"
@@ -97,7 +98,7 @@ type server struct {
 
 	f        *fleet.Fleet
 	rep      *replica // replicas on etcd or a Lease (docs/ha.md); nil for a single instance
-	dlog     *controller.Log
+	dlog     *decisionlog.Log
 	live     *router.Live
 	roles    *controller.Live
 	persist  *persister
@@ -181,7 +182,7 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		return nil, usageErr(fmt.Errorf("router.sizing: %w", err))
 	}
 	if decisions != nil {
-		s.dlog = controller.NewLog(decisions, start, cfg, f.Snapshot())
+		s.dlog = decisionlog.New(decisions, start, cfg, f.Snapshot())
 	}
 	f.OnChange(func(ev fleet.Event) {
 		log.Info("fleet change", "version", ev.Version, "kind", ev.Kind, "engine", ev.Engine,
@@ -208,7 +209,7 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	}
 	s.persist = newPersister(save, f, nil, s.live, log, reg)
 	s.rec = newRecorder(cfg, start, f, s.live, reg)
-	var persistDecision func(*controller.Decision, controller.Durable) error
+	var persistDecision func(*decisionlog.Decision, controller.Durable) error
 	if rep != nil { // no decision, and so no role move, that a replica cannot persist
 		persistDecision = rep.persistDecision(f, func() []router.EngineLoad { return s.live.Snapshot().Engines })
 	}

@@ -1,31 +1,68 @@
-package controller
+// Package decisionlog is the decision log's schema (docs/role-control.md, section 10): one
+// type per kind of line, the same for the writer (Log, which the controller's live wrapper, serve
+// and the simulator write through) and every reader (Read: narwhal audit, the simulator's page,
+// the tests). A decision record is the controller's proposal as the edge applied it.
+package decisionlog
 
 import (
 	"math"
 	"strconv"
 
+	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
 )
 
-// Callers of an evaluation (docs/role-control.md, decision records).
+// Kind is a line's kind: its "kind" field.
+type Kind string
+
+// Line kinds.
 const (
-	CallerRegular     = "regular"
-	CallerUrgent      = "urgent"
-	CallerRepair      = "repair"
-	CallerReadmission = "readmission"
-	CallerAPI         = "api"
+	KindConfig   Kind = "config"
+	KindFleet    Kind = "fleet"
+	KindDecision Kind = "decision"
+)
+
+// Caller is who asked for an evaluation (a decision's "caller"), or, on a fleet role event,
+// CallerOperator.
+type Caller string
+
+// Callers of an evaluation.
+const (
+	CallerRegular     Caller = "regular"
+	CallerUrgent      Caller = "urgent"
+	CallerRepair      Caller = "repair"
+	CallerReadmission Caller = "readmission"
+	CallerAPI         Caller = "api"
 	// CallerOperator marks a role change an operator made at an engine's source (a relabelled
 	// pod or endpoint): a fleet role event, not a decision of the controller.
-	CallerOperator = "operator"
+	CallerOperator Caller = "operator"
 )
+
+// Callers lists the controller's callers (CallerOperator is not one).
+var Callers = []Caller{CallerRegular, CallerUrgent, CallerRepair, CallerReadmission, CallerAPI}
+
+// Outcome is what an evaluation came to.
+type Outcome string
 
 // Outcomes of an evaluation.
 const (
-	OutcomeMoved    = "moved"
-	OutcomeRetained = "retained"
-	OutcomeBlocked  = "blocked"
-	OutcomeDropped  = "dropped"
-	OutcomeAdvisory = "advisory"
+	OutcomeMoved    Outcome = "moved"
+	OutcomeRetained Outcome = "retained"
+	OutcomeBlocked  Outcome = "blocked"
+	OutcomeDropped  Outcome = "dropped"
+	OutcomeAdvisory Outcome = "advisory"
+)
+
+// Outcomes lists every outcome.
+var Outcomes = []Outcome{OutcomeMoved, OutcomeRetained, OutcomeBlocked, OutcomeDropped, OutcomeAdvisory}
+
+// Advisory results: what an advisory evaluation would have done (a blocked one is
+// "blocked:" and the gate's name).
+const (
+	WouldMove      = "would_move"
+	WouldRetain    = "retained"
+	WouldBlockedBy = "blocked:"
 )
 
 // Gate names, as the decision log writes them.
@@ -53,10 +90,10 @@ var Gates = []string{GatePins, GateRoleFloors, GateHealthExclusions, GateDwell, 
 // Decision is one evaluation's record (the decision log's "decision" line): enough for a
 // reader to re-check it without the code.
 type Decision struct {
-	Kind           string   `json:"kind"` // always "decision"
+	Kind           Kind     `json:"kind"` // always KindDecision
 	TimeS          float64  `json:"time_s"`
-	Seq            uint64   `json:"seq"`
-	Caller         string   `json:"caller"`
+	Seq            uint64   `json:"seq"` // from 1
+	Caller         Caller   `json:"caller"`
 	Reason         string   `json:"reason"`
 	Advisory       bool     `json:"advisory"`
 	SplitBefore    Split    `json:"split_before"`
@@ -64,7 +101,7 @@ type Decision struct {
 	Inputs         Inputs   `json:"inputs"`
 	Candidates     []Priced `json:"candidates"`
 	Gates          []Gate   `json:"gates"`
-	Outcome        string   `json:"outcome"`
+	Outcome        Outcome  `json:"outcome"`
 	AdvisoryResult string   `json:"advisory_result,omitempty"`
 	Moves          []Move   `json:"moves"`
 	Direction      string   `json:"direction,omitempty"` // to_prefill or to_decode, when a move was considered
@@ -190,4 +227,49 @@ func (r *Ratio) UnmarshalJSON(b []byte) error {
 	f, err := strconv.ParseFloat(string(b), 64)
 	*r = Ratio(f)
 	return err
+}
+
+// Config is the log's first line: the controller config and SLO it ran with, and the wall clock
+// at time_s 0 (narwhal audit merges the logs of several replicas on it).
+type Config struct {
+	Kind       Kind              `json:"kind"` // always KindConfig
+	TimeS      float64           `json:"time_s"`
+	EpochUnixS *float64          `json:"epoch_unix_s"` // nil in a log that predates it
+	Controller config.Controller `json:"controller"`
+	SLO        config.SLO        `json:"slo"`
+}
+
+// Snapshot is the Event of a fleet line that lists every engine (Fleet.Engines) instead of
+// one change: the log's start, and a replica's takeover.
+const Snapshot fleet.EventKind = "snapshot"
+
+// Fleet is a fleet line: one fleet event (fleet.Event, the address changes left out), or a
+// Snapshot. Which fields an event has depends on its kind: a pin event has Pinned, a hold
+// event Held, a switch event From, To and Result, an added engine its Address and Profile, a
+// role change the Decision that made it or, made by an operator at the source, Caller
+// CallerOperator.
+type Fleet struct {
+	Kind     Kind               `json:"kind"` // always KindFleet
+	TimeS    float64            `json:"time_s"`
+	Event    fleet.EventKind    `json:"event"`
+	Engines  []Engine           `json:"engines,omitempty"` // a Snapshot
+	Engine   string             `json:"engine,omitempty"`
+	From     string             `json:"from,omitempty"`
+	To       string             `json:"to,omitempty"`
+	Pinned   *bool              `json:"pinned,omitempty"`
+	Held     *bool              `json:"held,omitempty"`
+	Result   fleet.SwitchResult `json:"result,omitempty"`
+	Address  string             `json:"address,omitempty"`
+	Profile  string             `json:"profile,omitempty"`
+	Cause    string             `json:"cause,omitempty"`
+	Caller   Caller             `json:"caller,omitempty"`
+	Decision uint64             `json:"decision,omitempty"`
+}
+
+// Engine is one engine of a Snapshot.
+type Engine struct {
+	ID        string `json:"id"`
+	Role      string `json:"role"`
+	Lifecycle string `json:"lifecycle"`
+	Pinned    bool   `json:"pinned"`
 }
