@@ -27,6 +27,16 @@ type Observer interface {
 	ObserveDecision(d *decisionlog.Decision, took time.Duration)
 }
 
+// Observers hands every decision to each of its observers, in order.
+type Observers []Observer
+
+// ObserveDecision hands d to every observer.
+func (o Observers) ObserveDecision(d *decisionlog.Decision, took time.Duration) {
+	for _, x := range o {
+		x.ObserveDecision(d, took)
+	}
+}
+
 // RecentDecisions is how many decision records Live keeps for /narwhal/state.
 const RecentDecisions = 64
 

@@ -32,6 +32,7 @@ import (
 	"github.com/narwhal-llm/narwhal/envoy"
 	"github.com/narwhal-llm/narwhal/extproc"
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/ha"
 	"github.com/narwhal-llm/narwhal/router"
 	"github.com/narwhal-llm/narwhal/state"
 	"github.com/narwhal-llm/narwhal/tlsfiles"
@@ -97,12 +98,12 @@ type server struct {
 	releases                  []func() // undone at the end, last first: the state lock, the replica's lease
 
 	f        *fleet.Fleet
-	rep      *replica // replicas on etcd or a Lease (docs/ha.md); nil for a single instance
+	rep      *ha.Replica // replicas on etcd or a Lease (docs/ha.md); nil for a single instance
 	dlog     *decisionlog.Log
 	live     *router.Live
 	roles    *controller.Live
-	persist  *persister
-	rec      *recorder
+	persist  *state.Writer
+	rec      *admin.Recorder
 	xds      *envoy.Server
 	xdsSrv   *grpc.Server
 	grpcSrv  *grpc.Server
@@ -156,7 +157,7 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		if s.rep, err = dialReplica(cfg, host+"/"+s.adminLn.Addr().String(), log); err != nil {
 			return nil, failureErr(err)
 		}
-		s.releases = append(s.releases, s.rep.resign)
+		s.releases = append(s.releases, s.rep.Resign)
 	}
 	rep := s.rep
 	defaultDir := cfg.State.Dir == ""
@@ -170,11 +171,11 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		}
 		s.releases = append(s.releases, func() { _ = lock.Release() })
 	}
-	back, err := loadState(cfg, f, resetState, rep, log)
+	saved, err := loadState(cfg, f, resetState, rep, log)
 	if err != nil {
 		return nil, failureErr(err)
 	}
-	if rep == nil && defaultDir && back.controller == nil && !resetState {
+	if rep == nil && defaultDir && saved == nil && !resetState {
 		warnLegacyState(cfg, log)
 	}
 	sizer, err := extproc.NewSizer(cfg.Router.Sizing)
@@ -193,31 +194,38 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	metrics := admin.NewMetrics(reg, f, version)
 	triggers := controller.NewTriggers() // the router's urgent triggers, for the role controller
 	rt := router.New(cfg, f.Snapshot(), start)
-	rt.RestoreCorrections(back.corrections)
+	if saved != nil {
+		rt.RestoreCorrections(saved.Corrections())
+	}
 	s.live = router.NewLive(rt, time.Now, router.Hooks{
 		Eject:   func(e router.Ejection) { eject(f, e, log) },
 		Trigger: triggers.Put,
 	})
 	ctl := controller.New(cfg, start)
-	if back.controller != nil {
-		ctl.Restore(*back.controller)
+	if saved != nil {
+		ctl.Restore(saved.Controller)
 	}
 	save := func(st *state.File) error { return state.Save(cfg.State.StateDir(), st) }
 	if rep != nil {
-		save = rep.save
-		rep.register(reg)
+		save = rep.Save
+		rep.Register(reg)
 	}
-	s.persist = newPersister(save, f, nil, s.live, log, reg)
-	s.rec = newRecorder(cfg, start, f, s.live, reg)
+	// The writer reads the controller's guard state at each write, once run has started: s.roles
+	// is built below, and the writer is one of its observers.
+	s.persist = state.NewWriter(state.WriterOptions{Save: save, Fleet: f, Logger: log,
+		Durable: func() controller.Durable { return s.roles.Durable() },
+		Loads:   func() []router.EngineLoad { return s.live.Snapshot().Engines },
+		Failed:  s.writeFailed,
+	}, reg)
+	s.rec = admin.NewRecorder(cfg, start, f, s.live, reg)
 	var persistDecision func(*decisionlog.Decision, controller.Durable) error
 	if rep != nil { // no decision, and so no role move, that a replica cannot persist
-		persistDecision = rep.persistDecision(f, func() []router.EngineLoad { return s.live.Snapshot().Engines })
+		persistDecision = rep.PersistDecision(f, func() []router.EngineLoad { return s.live.Snapshot().Engines })
 	}
 	s.roles = controller.NewLive(ctl, controller.LiveOptions{
-		Fleet: f, Router: s.live, Logger: log, Observer: observers{admin.NewControllerMetrics(reg), s.persist, s.rec}, Log: s.dlog,
+		Fleet: f, Router: s.live, Logger: log, Observer: controller.Observers{admin.NewControllerMetrics(reg), s.persist, s.rec}, Log: s.dlog,
 		Persist: persistDecision, Triggers: triggers,
 	})
-	s.persist.roles = s.roles
 	f.OnChange(func(fleet.Event) { s.persist.Kick() })
 	admin.RegisterRouter(reg, s.live)
 	s.runCtx, s.cancel = context.WithCancel(ctx) // the servers' and loops' life; ended after the drain at the latest
@@ -241,7 +249,7 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		}
 	}
 	s.adm = admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log,
-		Router: s.live, Sizing: sizer.Errors, XDS: s.xds, Controller: s.roles, HA: haState, History: s.rec.ring, Discovery: s.discoveryState(),
+		Router: s.live, Sizing: sizer.Errors, XDS: s.xds, Controller: s.roles, HA: haState, History: s.rec.Ring, Discovery: s.discoveryState(),
 		TLS: s.tls.status()})
 	s.grpcSrv = grpc.NewServer(append(extproc.GRPCServerOptions(cfg), s.tls.creds(s.tls.extproc)...)...)
 	s.health = grpchealth.NewServer() // Envoy's ext_proc cluster health-checks over gRPC
@@ -358,10 +366,7 @@ func (s *server) run(ctx context.Context) error {
 		// A standby answers Envoy's health check NOT_SERVING (streams go to the leader) and
 		// /readyz 503, and serves xDS from the leader's state.
 		s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-		s.persist.lost = func(err error) {
-			s.fail(fmt.Errorf("ha: a state write was fenced off (%w); exiting so that this replica restarts as a standby", err))
-		}
-		s.wg.Go(func() { s.rep.lead(runCtx, f, s.take, s.lead, s.fail) })
+		s.wg.Go(func() { s.rep.Lead(runCtx, f, s.take, s.lead, s.fail) })
 	}
 	p, d := 0, 0 // the roles serving starts with: the config's, or the durable state's
 	snap := f.Snapshot()
@@ -420,13 +425,20 @@ func (s *server) take(file *state.File) {
 	if file == nil {
 		return
 	}
-	b, err := restore(s.cfg, s.f, file, s.rep.where, s.log)
-	if err != nil {
+	if err := file.Apply(s.cfg, s.f, s.rep.Where(), s.log); err != nil {
 		s.log.Error("ha: the state does not restore", "err", err)
 		return
 	}
-	s.live.Do(func(_ time.Time, r *router.Router) { r.RestoreCorrections(b.corrections) })
-	s.roles.Restore(*b.controller)
+	s.live.Do(func(_ time.Time, r *router.Router) { r.RestoreCorrections(file.Corrections()) })
+	s.roles.Restore(file.Controller)
+}
+
+// writeFailed is told every state write that failed: a replica whose write was fenced off no
+// longer leads, and ends.
+func (s *server) writeFailed(err error) {
+	if s.rep != nil && errors.Is(err, ha.ErrNotLeader) {
+		s.fail(fmt.Errorf("ha: a state write was fenced off (%w); exiting so that this replica restarts as a standby", err))
+	}
 }
 
 // shutdown drains within shutdown_grace_s and stops everything; runErr is run's failure.
@@ -505,9 +517,9 @@ func resolveAll(ctx context.Context, f *fleet.Fleet, h config.Health, log *slog.
 
 // stateDirOf is the start line's state_dir: the absolute directory of a single instance's state,
 // or where replicas share theirs.
-func stateDirOf(cfg *config.Config, rep *replica) string {
+func stateDirOf(cfg *config.Config, rep *ha.Replica) string {
 	if rep != nil {
-		return rep.where
+		return rep.Where()
 	}
 	return cfg.State.Dir
 }

@@ -1,4 +1,4 @@
-package main
+package admin
 
 import (
 	"context"
@@ -14,28 +14,29 @@ import (
 	"github.com/narwhal-llm/narwhal/router"
 )
 
-// recorder fills the history ring (docs/history.md): a sample of the fleet, the router and the
-// data path's histograms every admin.history.interval_s, and every decision record (it is a
-// controller.Observer).
-type recorder struct {
-	ring   *history.Ring[decisionlog.Decision]
+// Recorder fills the history ring that GET /narwhal/history serves (docs/history.md): a sample
+// of the fleet, the router and the data path's histograms every admin.history.interval_s (Run),
+// and every decision record (it is a controller.Observer).
+type Recorder struct {
+	Ring   *history.Ring[decisionlog.Decision]
 	fleet  *fleet.Fleet
 	router interface{ Snapshot() router.Snapshot }
 	reg    prometheus.Gatherer
 	slo    float64
 }
 
-func newRecorder(cfg *config.Config, start time.Time, f *fleet.Fleet, rt interface{ Snapshot() router.Snapshot }, reg prometheus.Gatherer) *recorder {
+// NewRecorder is a recorder of the fleet f and the router rt, reading the histograms from reg.
+func NewRecorder(cfg *config.Config, start time.Time, f *fleet.Fleet, rt interface{ Snapshot() router.Snapshot }, reg prometheus.Gatherer) *Recorder {
 	h := cfg.Admin.History
 	at := func(d decisionlog.Decision) time.Time { return start.Add(config.Seconds(d.TimeS)) }
-	return &recorder{ring: history.NewRing(h.Samples, h.Decisions, at), fleet: f, router: rt, reg: reg, slo: cfg.SLO.TTFTS}
+	return &Recorder{Ring: history.NewRing(h.Samples, h.Decisions, at), fleet: f, router: rt, reg: reg, slo: cfg.SLO.TTFTS}
 }
 
 // ObserveDecision keeps the record.
-func (r *recorder) ObserveDecision(d *decisionlog.Decision, _ time.Duration) { r.ring.AddDecision(*d) }
+func (r *Recorder) ObserveDecision(d *decisionlog.Decision, _ time.Duration) { r.Ring.AddDecision(*d) }
 
 // Run samples every interval until ctx ends.
-func (r *recorder) Run(ctx context.Context, interval time.Duration) {
+func (r *Recorder) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	prev := r.read(time.Now())
@@ -45,13 +46,13 @@ func (r *recorder) Run(ctx context.Context, interval time.Duration) {
 			return
 		case now := <-t.C:
 			cur := r.read(now)
-			r.ring.Add(history.NewSample(&prev, &cur, r.slo))
+			r.Ring.Add(history.NewSample(&prev, &cur, r.slo))
 			prev = cur
 		}
 	}
 }
 
-func (r *recorder) read(now time.Time) history.Reading {
+func (r *Recorder) read(now time.Time) history.Reading {
 	rd := history.Reading{T: now, Fleet: r.fleet.Snapshot(), Router: r.router.Snapshot()}
 	fams, _ := r.reg.Gather() // a partial gather still has what it could read
 	for _, mf := range fams {

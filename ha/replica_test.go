@@ -1,4 +1,4 @@
-package main
+package ha
 
 import (
 	"context"
@@ -10,9 +10,9 @@ import (
 	"github.com/narwhal-llm/narwhal/state"
 )
 
-// savedNode is an haNode that records the states written.
+// savedNode is a Member that records the states written.
 type savedNode struct {
-	haNode
+	Member
 	saved [][]byte
 }
 
@@ -26,20 +26,20 @@ func (n *savedNode) Save(_ context.Context, data []byte) (int64, error) {
 // would number a decision again).
 func TestReplicaSaveKeepsTheNewestState(t *testing.T) {
 	n := &savedNode{}
-	r := &replica{node: n, log: slog.New(slog.DiscardHandler)}
+	r := NewReplica(n, "r1", "test", "test", slog.New(slog.DiscardHandler))
 	t0 := time.Now()
 	older := &state.File{Version: state.Version, Written: t0, Controller: controller.Durable{Seq: 1}}
 	newer := &state.File{Version: state.Version, Written: t0.Add(time.Millisecond), Controller: controller.Durable{Seq: 2}}
-	if err := r.save(newer); err != nil {
+	if err := r.Save(newer); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.save(older); err != nil {
+	if err := r.Save(older); err != nil {
 		t.Fatal(err)
 	}
 	if len(n.saved) != 1 {
 		t.Fatalf("%d states written, want the newer one only", len(n.saved))
 	}
-	if err := r.save(&state.File{Version: state.Version, Written: t0.Add(time.Second), Controller: controller.Durable{Seq: 3}}); err != nil || len(n.saved) != 2 {
+	if err := r.Save(&state.File{Version: state.Version, Written: t0.Add(time.Second), Controller: controller.Durable{Seq: 3}}); err != nil || len(n.saved) != 2 {
 		t.Fatalf("a later state: %v, %d written", err, len(n.saved))
 	}
 }
