@@ -132,7 +132,7 @@ func TestMonitorVirtualTime(t *testing.T) {
 	clock := &fakeClock{now: t0}
 	prober := &scriptProber{clock: clock, down: map[string]bool{}}
 	obs := &countObserver{}
-	m := NewMonitor(h, f, prober, clock, obs, nil)
+	m := NewMonitor(h, f, prober, clock.Now, clock.After, obs, nil)
 
 	type seen struct {
 		at time.Time

@@ -12,23 +12,6 @@ import (
 	"github.com/narwhal-llm/narwhal/fleet"
 )
 
-// Clock is the time source of a live wrapper. Cores never read a clock; wrappers pass its
-// readings in. Tests and the simulator use a virtual clock.
-type Clock interface {
-	Now() time.Time
-	// After sends the time once d has passed.
-	After(d time.Duration) <-chan time.Time
-}
-
-// RealClock is the wall clock.
-type RealClock struct{}
-
-// Now is time.Now.
-func (RealClock) Now() time.Time { return time.Now() }
-
-// After is time.After.
-func (RealClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
-
 // Prober checks one engine's health.
 type Prober interface {
 	// Probe resolves address (host:port; the host may be a name), checks the engine's health
@@ -50,33 +33,35 @@ type Monitor struct {
 	fleet    *fleet.Fleet
 	core     *Health
 	prober   Prober
-	clock    Clock
+	now      func() time.Time
+	after    func(time.Duration) <-chan time.Time
 	observer ProbeObserver
 	log      *slog.Logger
 }
 
-// NewMonitor returns a monitor. observer may be nil.
-func NewMonitor(cfg config.Health, f *fleet.Fleet, p Prober, c Clock, observer ProbeObserver, log *slog.Logger) *Monitor {
+// NewMonitor returns a monitor on the clock now (time.Now in serve; the core never reads a
+// clock), sleeping between rounds with after (time.After). observer may be nil.
+func NewMonitor(cfg config.Health, f *fleet.Fleet, p Prober, now func() time.Time, after func(time.Duration) <-chan time.Time, observer ProbeObserver, log *slog.Logger) *Monitor {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Monitor{cfg: cfg, fleet: f, core: NewHealth(cfg), prober: p, clock: c, observer: observer, log: log}
+	return &Monitor{cfg: cfg, fleet: f, core: NewHealth(cfg), prober: p, now: now, after: after, observer: observer, log: log}
 }
 
 // Run probes until ctx is done; it returns ctx's error.
 func (m *Monitor) Run(ctx context.Context) error {
 	interval := config.Seconds(m.cfg.IntervalS)
-	next := m.clock.Now()
+	next := m.now()
 	for {
 		m.Pass(ctx)
 		next = next.Add(interval)
-		if now := m.clock.Now(); next.Before(now) {
+		if now := m.now(); next.Before(now) {
 			next = now // fell behind: do not burst
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-m.clock.After(next.Sub(m.clock.Now())):
+		case <-m.after(next.Sub(m.now())):
 		}
 	}
 }
@@ -98,16 +83,16 @@ func (m *Monitor) Pass(ctx context.Context) {
 			defer wg.Done()
 			pctx, cancel := context.WithTimeout(ctx, config.Seconds(m.cfg.TimeoutS))
 			defer cancel()
-			start := m.clock.Now()
+			start := m.now()
 			addr, err := m.prober.Probe(pctx, address)
-			results[i] = probeResult{addr: addr, err: err, took: m.clock.Now().Sub(start)}
+			results[i] = probeResult{addr: addr, err: err, took: m.now().Sub(start)}
 		}(i, snap.Engines[i].Address)
 	}
 	wg.Wait()
 	if ctx.Err() != nil {
 		return // shutting down: a cancelled probe says nothing about the engine
 	}
-	now := m.clock.Now()
+	now := m.now()
 	m.core.Retain(snap)
 	for i, r := range results {
 		id := snap.Engines[i].ID

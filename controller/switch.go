@@ -32,11 +32,15 @@ var _ Residents = (*router.Live)(nil)
 // new role and active, or failed. An engine that leaves switching before it is asked (an
 // operator drain, failed probes) is not asked: its switch is abandoned. Each step is a fleet
 // event, and so a decision-log line.
+//
+// The rule of each step is SwitchSteps, the switcher's core; the simulator applies the same
+// steps in virtual time.
 type Switcher struct {
 	Fleet   *fleet.Fleet
 	Router  Residents
 	Client  RoleSwitcher
-	Timeout time.Duration // bound on one switch call (controller.switch_timeout_s)
+	Timeout time.Duration    // bound on one switch call (controller.switch_timeout_s)
+	Now     func() time.Time // the clock of the fleet events
 	Logger  *slog.Logger
 
 	mu     sync.Mutex
@@ -87,42 +91,81 @@ func (s *Switcher) Run(ctx context.Context) {
 // Switching reports whether the engine is held for an in-place switch (and not yet ended).
 func Switching(e fleet.Engine) bool { return e.SwitchTo != 0 && e.Lifecycle == fleet.Switching }
 
-// SwitchDue is the switcher's rule, the same in serve and in the simulator: an engine held for
-// an in-place switch is asked once the router shows nothing resident on it (no prefill, no
-// decode stream, no stream reserved by a request still prefilling elsewhere).
-func SwitchDue(e fleet.Engine, l router.EngineLoad) bool {
-	return Switching(e) && l.PrefillResidents+l.DecodeResidents+l.ReservedStreams == 0
+// SwitchAction is what the switcher does next with an in-place switch.
+type SwitchAction uint8
+
+// Switch actions.
+const (
+	SwitchAsk     SwitchAction = iota + 1 // ask the engine to switch (fleet.AskSwitch, then the engine's answer)
+	SwitchAbandon                         // end the switch unasked: the engine left switching first
+)
+
+// SwitchStep is one action due on one engine's switch.
+type SwitchStep struct {
+	Engine string
+	Action SwitchAction
+	Detail string // an abandoned switch: why
+}
+
+// SwitchSteps is the switcher's core (docs/role-control.md section 11): for every engine with a
+// switch under way and not yet asked, the step due now, if any. An engine held for its switch is
+// asked once the router shows nothing resident on it (no prefill, no decode stream, no stream
+// reserved by a request still prefilling elsewhere); one that left switching before it was asked
+// (an operator drain, failed probes) has its switch abandoned. loads are the router's; an engine
+// it does not show has nothing resident. It reads no clock and does no I/O: the live Switcher
+// and the simulator apply its steps.
+func SwitchSteps(snap fleet.Snapshot, loads []router.EngineLoad) []SwitchStep {
+	var steps []SwitchStep
+	for _, e := range snap.Engines {
+		if st, ok := switchStep(e, loads); ok {
+			steps = append(steps, st)
+		}
+	}
+	return steps
+}
+
+// switchStep is the step due on e's switch (false: none now).
+func switchStep(e fleet.Engine, loads []router.EngineLoad) (SwitchStep, bool) {
+	switch {
+	case e.SwitchTo == 0 || e.SwitchAsked:
+		return SwitchStep{}, false
+	case e.Lifecycle != fleet.Switching:
+		return SwitchStep{Engine: e.ID, Action: SwitchAbandon, Detail: fmt.Sprintf("it became %s before it was asked", e.Lifecycle)}, true
+	}
+	for _, l := range loads {
+		if l.ID == e.ID && l.PrefillResidents+l.DecodeResidents+l.ReservedStreams > 0 {
+			return SwitchStep{}, false
+		}
+	}
+	return SwitchStep{Engine: e.ID, Action: SwitchAsk}, true
 }
 
 // carry takes one engine's switch to its end.
 func (s *Switcher) carry(ctx context.Context, id string) {
-	switching := func() (fleet.Engine, bool) {
-		e, ok := s.Fleet.Engine(id)
-		return e, ok && Switching(e)
-	}
+	var step SwitchStep
 	err := s.Router.Await(ctx, func(snap router.Snapshot) bool {
-		e, ok := switching()
-		if !ok {
+		e, ok := s.Fleet.Engine(id)
+		if !ok || e.SwitchTo == 0 || e.SwitchAsked {
+			step = SwitchStep{} // gone, ended, or asked already: nothing to carry
 			return true
 		}
-		for _, l := range snap.Engines {
-			if l.ID == id {
-				return SwitchDue(e, l)
-			}
-		}
-		return true
+		var due bool
+		step, due = switchStep(e, snap.Engines)
+		return due
 	})
 	if err != nil {
 		return // shutting down: the durable state keeps the switch, a restart resumes it
 	}
-	e, ok := switching()
-	if !ok {
-		if e, _ := s.Fleet.Engine(id); e.SwitchTo != 0 {
-			s.finish(id, fleet.SwitchAbandoned, fmt.Sprintf("it became %s before it was asked", e.Lifecycle))
-		}
+	switch step.Action {
+	case SwitchAbandon:
+		s.finish(id, fleet.SwitchAbandoned, step.Detail)
+		return
+	case SwitchAsk:
+	default:
 		return
 	}
-	if _, err := s.Fleet.AskSwitch(id, time.Now(), "its residents finished"); err != nil {
+	e, err := s.Fleet.AskSwitch(id, s.Now(), "its residents finished")
+	if err != nil {
 		s.Logger.Warn("switch: not asked", "engine", id, "err", err)
 		return
 	}
@@ -141,7 +184,7 @@ func (s *Switcher) carry(ctx context.Context, id string) {
 }
 
 func (s *Switcher) finish(id string, r fleet.SwitchResult, detail string) {
-	e, err := s.Fleet.FinishSwitch(id, r, time.Now(), detail)
+	e, err := s.Fleet.FinishSwitch(id, r, s.Now(), detail)
 	if err != nil {
 		s.Logger.Warn("switch: could not end", "engine", id, "result", r, "err", err)
 		return

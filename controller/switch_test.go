@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -98,7 +99,7 @@ func TestSwitcher(t *testing.T) {
 	rt.set(router.EngineLoad{ID: "e2", DecodeResidents: 1})
 	calls := &switchCalls{}
 	ctx, cancel := context.WithCancel(context.Background())
-	sw := &Switcher{Fleet: f, Router: rt, Client: calls, Timeout: time.Minute}
+	sw := &Switcher{Fleet: f, Router: rt, Client: calls, Timeout: time.Minute, Now: time.Now}
 	var wg sync.WaitGroup
 	wg.Go(func() { rt.follow(ctx, f) })
 	wg.Go(func() { sw.Run(ctx) })
@@ -156,5 +157,34 @@ func TestSwitcher(t *testing.T) {
 	defer calls.mu.Unlock()
 	if want := "10.0.0.2:8000 prefill,10.0.0.2:8000 decode,10.0.0.1:8000 decode"; strings.Join(calls.calls, ",") != want {
 		t.Fatalf("calls %v, want %s", calls.calls, want)
+	}
+}
+
+// SwitchSteps, the switcher's core: an engine held for its switch is asked once nothing is
+// resident on it (an engine the router does not show has nothing), not while a prefill, a decode
+// stream or a reserved stream is; an asked one waits for its answer; one that left switching
+// unasked is abandoned, saying what it became; engines without a switch have no step.
+func TestSwitchSteps(t *testing.T) {
+	held := func(id string) fleet.Engine {
+		return fleet.Engine{ID: id, InPlace: true, Role: fleet.Decode, Lifecycle: fleet.Switching, SwitchTo: fleet.Prefill}
+	}
+	asked := held("asked")
+	asked.SwitchAsked = true
+	drained := held("drained")
+	drained.Lifecycle = fleet.Draining
+	snap := fleet.Snapshot{Engines: []fleet.Engine{
+		held("idle"), held("prefilling"), held("decoding"), held("reserved"), held("unseen"), asked, drained,
+		{ID: "plain", Role: fleet.Decode, Lifecycle: fleet.Active},
+	}}
+	loads := []router.EngineLoad{{ID: "idle"}, {ID: "prefilling", PrefillResidents: 1}, {ID: "decoding", DecodeResidents: 2},
+		{ID: "reserved", ReservedStreams: 1}, {ID: "asked"}, {ID: "drained", DecodeResidents: 1}, {ID: "plain"}}
+	got := SwitchSteps(snap, loads)
+	want := []SwitchStep{
+		{Engine: "idle", Action: SwitchAsk},
+		{Engine: "unseen", Action: SwitchAsk},
+		{Engine: "drained", Action: SwitchAbandon, Detail: "it became draining before it was asked"},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("steps %+v, want %+v", got, want)
 	}
 }

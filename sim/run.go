@@ -48,12 +48,12 @@ type run struct {
 	ejected []router.Ejection
 	out     []result
 	moves   []roleChange
-	// switching counts the engines held for an in-place switch (switch: sglang)
-	switching int
-	now       time.Time
-	end       time.Time // arrivals stop (the trace's end or --duration-s)
-	faults    []config.Fault
-	probeAt   time.Time
+	// underway counts the in-place switches under way (switch: sglang): started, not ended
+	underway int
+	now      time.Time
+	end      time.Time // arrivals stop (the trace's end or --duration-s)
+	faults   []config.Fault
+	probeAt  time.Time
 	// blockTokens is the size of the prefix blocks hashed for the router's affinity index
 	// and the engines' prefix caches (0: the trace's blocks cannot be cut to it).
 	blockTokens int
@@ -388,24 +388,23 @@ func (s *run) settle() {
 	s.switches()
 }
 
-// switches carries the in-place switches (switch: sglang) as controller.Switcher does: an
-// engine held for one is asked once the router shows nothing resident on it, and (the engine
-// model having no rebuild time) switches at once.
+// switches applies the switcher's steps (controller.SwitchSteps) as controller.Switcher does:
+// an engine held for an in-place switch (switch: sglang) is asked once the router shows nothing
+// resident on it and (the engine model having no rebuild time) switches at once; one that left
+// switching before it was asked has its switch abandoned.
 func (s *run) switches() {
-	if s.switching == 0 {
+	if s.underway == 0 {
 		return
 	}
-	changed := false
-	for _, l := range s.r.Snapshot(s.now).Engines {
-		if e, _ := s.f.Engine(l.ID); !controller.SwitchDue(e, l) {
-			continue
-		}
-		if _, err := s.f.AskSwitch(l.ID, s.now, "its residents finished"); err == nil {
-			_, _ = s.f.FinishSwitch(l.ID, fleet.SwitchSucceeded, s.now, "switched (simulated)")
-			changed = true
+	steps := controller.SwitchSteps(s.f.Snapshot(), s.r.Snapshot(s.now).Engines)
+	for _, st := range steps {
+		if st.Action == controller.SwitchAbandon {
+			_, _ = s.f.FinishSwitch(st.Engine, fleet.SwitchAbandoned, s.now, st.Detail)
+		} else if _, err := s.f.AskSwitch(st.Engine, s.now, "its residents finished"); err == nil {
+			_, _ = s.f.FinishSwitch(st.Engine, fleet.SwitchSucceeded, s.now, "switched (simulated)")
 		}
 	}
-	if changed {
+	if len(steps) > 0 {
 		s.syncFleet()
 	}
 }
@@ -591,13 +590,11 @@ func (s *run) evaluate() {
 // fleetEvent logs a fleet event and counts role changes with the residents they leave.
 func (s *run) fleetEvent(ev fleet.Event) {
 	s.log.Fleet(ev)
-	if ev.Kind == fleet.EventLifecycle {
-		if ev.To == fleet.Switching.String() {
-			s.switching++
-		}
-		if ev.From == fleet.Switching.String() {
-			s.switching--
-		}
+	switch {
+	case ev.Kind == fleet.EventLifecycle && ev.To == fleet.Switching.String():
+		s.underway++
+	case ev.Kind == fleet.EventSwitch && ev.Result != fleet.SwitchAsked:
+		s.underway--
 	}
 	if ev.Kind != fleet.EventRole {
 		return

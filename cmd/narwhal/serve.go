@@ -265,8 +265,8 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: 30 * time.Second}},
 		Path:   cfg.Health.Path,
 	}
-	s.monitor = controller.NewMonitor(cfg.Health, f, prober, controller.RealClock{}, metrics, log)
-	s.switcher = &controller.Switcher{Fleet: f, Router: s.live, Logger: log, Timeout: config.Seconds(cfg.Controller.SwitchTimeoutS),
+	s.monitor = controller.NewMonitor(cfg.Health, f, prober, time.Now, time.After, metrics, log)
+	s.switcher = &controller.Switcher{Fleet: f, Router: s.live, Logger: log, Now: time.Now, Timeout: config.Seconds(cfg.Controller.SwitchTimeoutS),
 		Client: engineclient.SGLangSwitch{Client: &http.Client{}}} // engines with switch: sglang
 	return s, nil
 }
