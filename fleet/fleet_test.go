@@ -443,18 +443,26 @@ func TestRestoreAdded(t *testing.T) {
 	}
 }
 
-// Snapshot.Move previews Fleet.Move by the same transition: an engine that changes role by
-// routing takes the role, one that switches in place is held switching with its target; a move
-// the fleet refuses (a pinned engine, an unknown one) is an error and leaves the snapshot as it
-// was.
-func TestSnapshotMovePreviewsTheFleet(t *testing.T) {
+// mixedFleet is testConfig's fleet with e2 switching in place and a fourth engine, e4 (decode),
+// that changes role by routing.
+func mixedFleet(t *testing.T) *Fleet {
+	t.Helper()
 	cfg := testConfig()
-	cfg.Engines[1].Switch = config.SwitchSGLang // e2 switches in place
+	cfg.Engines[1].Switch = config.SwitchSGLang
 	cfg.Engines = append(cfg.Engines, config.Engine{ID: "e4", Address: "127.0.0.1:8004", Role: "decode", Profile: config.DefaultProfileName})
 	f, err := New(cfg, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return f
+}
+
+// Snapshot.Move previews Fleet.Move by the same transition: an engine that changes role by
+// routing takes the role, one that switches in place is held switching with its target; a move
+// the fleet refuses (a pinned engine, an unknown one) is an error and leaves the snapshot as it
+// was.
+func TestSnapshotMovePreviewsTheFleet(t *testing.T) {
+	f := mixedFleet(t)
 	t1 := t0.Add(time.Minute)
 	preview := f.Snapshot()
 	for _, m := range []struct {
@@ -493,13 +501,7 @@ func TestSnapshotMovePreviewsTheFleet(t *testing.T) {
 // that changes role by routing, and for one that switches in place the start of the switch and
 // the role event that ends it, however later. An operator's change carries none.
 func TestMoveEventsCarryTheDecision(t *testing.T) {
-	cfg := testConfig()
-	cfg.Engines[1].Switch = config.SwitchSGLang // e2 switches in place
-	cfg.Engines = append(cfg.Engines, config.Engine{ID: "e4", Address: "127.0.0.1:8004", Role: "decode", Profile: config.DefaultProfileName})
-	f, err := New(cfg, t0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mixedFleet(t)
 	var got []string
 	f.OnChange(func(ev Event) {
 		got = append(got, fmt.Sprintf("%s %s %s->%s %q #%d", ev.Engine, ev.Kind, ev.From, ev.To, ev.Cause, ev.Decision))
