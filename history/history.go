@@ -49,11 +49,35 @@ type EngineSample struct {
 	DecodeResidents  int    `json:"decode_residents"`
 }
 
-// Quantiles are percentiles of one interval's observations, in seconds.
+// Quantiles are the p50, p90 and p99 of a distribution in seconds: one interval's observations
+// in a sample, a replay's or a load run's requests in the sim's and load's reports. Where there
+// were no observations they are nil (null in JSON, or the field left out), never zeros that
+// would read as instant requests.
 type Quantiles struct {
 	P50 float64 `json:"p50"`
 	P90 float64 `json:"p90"`
 	P99 float64 `json:"p99"`
+}
+
+// At is q's percentile p (50, 90 or 99), or nil when q is nil (no observations): the one way a
+// caller hands a single percentile to a printer or a field that shows none as "—" or null,
+// rather than a nil check at every call. Any other p is a programming error and panics.
+func (q *Quantiles) At(p int) *float64 {
+	if q == nil {
+		return nil
+	}
+	var v float64
+	switch p {
+	case 50:
+		v = q.P50
+	case 90:
+		v = q.P90
+	case 99:
+		v = q.P99
+	default:
+		panic("history: Quantiles.At of a percentile other than 50, 90 or 99")
+	}
+	return &v
 }
 
 // Hist is a histogram's cumulative bucket counts (Prometheus': Counts[i] observations ≤

@@ -28,6 +28,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/admin"
 	"github.com/narwhal-llm/narwhal/gateway"
+	"github.com/narwhal-llm/narwhal/history"
 	"github.com/narwhal-llm/narwhal/sim"
 )
 
@@ -72,9 +73,9 @@ type Summary struct {
 	Met        int     `json:"met"`
 	Attainment float64 `json:"attainment"`
 	// TTFT and TPOT are the OK requests' quantiles, seconds: TTFT from sending to the first
-	// token, TPOT the time after it over the tokens after the first.
-	TTFT sim.Percentiles `json:"ttft_s"`
-	TPOT sim.Percentiles `json:"tpot_s"`
+	// token, TPOT the time after it over the tokens after the first; null when there are none.
+	TTFT *history.Quantiles `json:"ttft_s"`
+	TPOT *history.Quantiles `json:"tpot_s"`
 	// RoleChanges are the role changes the admin state showed during the run, in order.
 	RoleChanges []string `json:"role_changes,omitempty"`
 	WallS       float64  `json:"wall_s"`
@@ -348,7 +349,7 @@ func (r *run) progress(ctx context.Context, from *int) {
 	line := fmt.Sprintf("load: %4.0f s  sent %d  answered %d", time.Since(r.begin).Seconds(), sent, answered)
 	if len(recent) > 0 {
 		q := sim.PercentilesOf(ttfts)
-		line += fmt.Sprintf("  last %d: TTFT p50 %s p99 %s, attainment %.3f", len(recent), sim.SecondsText(q.P50), sim.SecondsText(q.P99), float64(met)/float64(len(recent)))
+		line += fmt.Sprintf("  last %d: TTFT p50 %s p99 %s, attainment %.3f", len(recent), sim.SecondsText(q.At(50)), sim.SecondsText(q.At(99)), float64(met)/float64(len(recent)))
 	}
 	line += fmt.Sprintf("  overall attainment %.3f", all.Attainment)
 	if split != "" {
@@ -459,8 +460,8 @@ func (s *Summary) WriteTable(w io.Writer) {
 	}
 	fmt.Fprintf(w, "), failed %d, in %.0f s\n", s.Failed, s.WallS)
 	fmt.Fprintf(w, "attainment %.3f (%d of %d within the SLO)\n", s.Attainment, s.Met, s.Answered+s.Failed)
-	fmt.Fprintf(w, "TTFT p50 %s  p90 %s  p99 %s\n", sim.SecondsText(s.TTFT.P50), sim.SecondsText(s.TTFT.P90), sim.SecondsText(s.TTFT.P99))
-	fmt.Fprintf(w, "TPOT p50 %s  p90 %s  p99 %s\n", sim.SecondsText(s.TPOT.P50), sim.SecondsText(s.TPOT.P90), sim.SecondsText(s.TPOT.P99))
+	fmt.Fprintf(w, "TTFT p50 %s  p90 %s  p99 %s\n", sim.SecondsText(s.TTFT.At(50)), sim.SecondsText(s.TTFT.At(90)), sim.SecondsText(s.TTFT.At(99)))
+	fmt.Fprintf(w, "TPOT p50 %s  p90 %s  p99 %s\n", sim.SecondsText(s.TPOT.At(50)), sim.SecondsText(s.TPOT.At(90)), sim.SecondsText(s.TPOT.At(99)))
 	fmt.Fprintf(w, "role changes: %d\n", len(s.RoleChanges))
 	for _, c := range s.RoleChanges {
 		fmt.Fprintf(w, "  %s\n", c)

@@ -74,7 +74,7 @@ func (rep *Report) samples(cfg *config.Config, p PolicyReport, s *run) []history
 		smp.OfferedPerS /= rep.WindowS
 		smp.AdmittedPerS /= rep.WindowS
 		smp.Engines = []history.EngineSample{}
-		smp.TTFT, smp.TPOT = quantilesOf(ttft[w]), quantilesOf(tpot[w])
+		smp.TTFT, smp.TPOT = PercentilesOf(ttft[w]), PercentilesOf(tpot[w])
 		if n := len(ttft[w]); n > 0 {
 			a := float64(within[w]) / float64(n)
 			smp.Attainment = &a
@@ -98,15 +98,6 @@ func addRejection(o *router.Overflow, c router.Code) {
 	case router.ShuttingDown:
 		o.ShuttingDown++
 	}
-}
-
-// quantilesOf are the report's percentiles of v in a sample's shape (nil when empty).
-func quantilesOf(v []float64) *history.Quantiles {
-	p := PercentilesOf(v)
-	if p.P50 == nil {
-		return nil
-	}
-	return &history.Quantiles{P50: *p.P50, P90: *p.P90, P99: *p.P99}
 }
 
 // decisionLines are the decision records of a replay's log that moved an engine or would have

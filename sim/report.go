@@ -15,6 +15,7 @@ import (
 	"github.com/narwhal-llm/narwhal/audit"
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/history"
 )
 
 // Options configure Simulate.
@@ -65,34 +66,29 @@ type Report struct {
 
 // PolicyReport is one policy's figures.
 type PolicyReport struct {
-	Policy             string      `json:"policy"`
-	Split              string      `json:"split,omitempty"` // static:best: the split it chose
-	Requests           int         `json:"requests"`
-	Completed          int         `json:"completed"`
-	Rejected           int         `json:"rejected"`
-	Failed             int         `json:"failed"`
-	SLOAttainment      float64     `json:"slo_attainment"`
-	GoodputRPS         float64     `json:"goodput_rps"` // requests meeting the SLO per second of the span
-	TTFTS              Percentiles `json:"ttft_s"`
-	TPOTS              Percentiles `json:"tpot_s"`
-	RoleChanges        int         `json:"role_changes"`
-	RoleChangesPerHour float64     `json:"role_changes_per_hour"`
-	ReversalsPerHour   float64     `json:"reversals_per_hour"`
-	TimeToAdaptS       *float64    `json:"time_to_adapt_s"`
-	DamagedRequests    int         `json:"damaged_requests"`
-	GuardViolations    int         `json:"guard_violations"`
+	Policy        string  `json:"policy"`
+	Split         string  `json:"split,omitempty"` // static:best: the split it chose
+	Requests      int     `json:"requests"`
+	Completed     int     `json:"completed"`
+	Rejected      int     `json:"rejected"`
+	Failed        int     `json:"failed"`
+	SLOAttainment float64 `json:"slo_attainment"`
+	GoodputRPS    float64 `json:"goodput_rps"` // requests meeting the SLO per second of the span
+	// TTFTS and TPOTS are the completed requests' percentiles (TPOT over those with two tokens
+	// or more), null when there are none.
+	TTFTS              *history.Quantiles `json:"ttft_s"`
+	TPOTS              *history.Quantiles `json:"tpot_s"`
+	RoleChanges        int                `json:"role_changes"`
+	RoleChangesPerHour float64            `json:"role_changes_per_hour"`
+	ReversalsPerHour   float64            `json:"reversals_per_hour"`
+	TimeToAdaptS       *float64           `json:"time_to_adapt_s"`
+	DamagedRequests    int                `json:"damaged_requests"`
+	GuardViolations    int                `json:"guard_violations"`
 	// PrefixHitShare is the share of prefilled prompt tokens the engines' prefix caches
 	// served (null when no cache was modelled).
 	PrefixHitShare *float64 `json:"prefix_hit_share"`
 	Windows        []Window `json:"windows"`
 	WallS          float64  `json:"wall_s"`
-}
-
-// Percentiles of a distribution, seconds (null without samples).
-type Percentiles struct {
-	P50 *float64 `json:"p50"`
-	P90 *float64 `json:"p90"`
-	P99 *float64 `json:"p99"`
 }
 
 // Window is one time window of a policy's replay: requests arriving in it, those of them that
@@ -277,7 +273,7 @@ func (rep *Report) summarize(cfg *config.Config, name string, s *run) (PolicyRep
 	pr.TTFTS, pr.TPOTS = PercentilesOf(ttfts), PercentilesOf(tpots)
 	for w := range pr.Windows {
 		pr.Windows[w].StartS = float64(w) * rep.WindowS
-		pr.Windows[w].TTFTP99 = PercentilesOf(winTTFT[w]).P99
+		pr.Windows[w].TTFTP99 = PercentilesOf(winTTFT[w]).At(99)
 	}
 	// The split at each window's end, role changes in each.
 	p, d := initialSplit(s)
@@ -390,17 +386,15 @@ func timeToAdapt(changes []Change, moves []roleChange) *float64 {
 	return &v
 }
 
-// PercentilesOf is the nearest-rank p50, p90 and p99 of xs (sorted in place; nulls for none).
-func PercentilesOf(xs []float64) Percentiles {
+// PercentilesOf is the nearest-rank p50, p90 and p99 of xs, sorting xs in place; nil when xs is
+// empty, so that a report writes null rather than zeros for a distribution without samples.
+func PercentilesOf(xs []float64) *history.Quantiles {
 	if len(xs) == 0 {
-		return Percentiles{}
+		return nil
 	}
 	sort.Float64s(xs)
-	at := func(q float64) *float64 {
-		v := xs[min(len(xs)-1, int(q*float64(len(xs))))]
-		return &v
-	}
-	return Percentiles{P50: at(0.5), P90: at(0.9), P99: at(0.99)}
+	at := func(q float64) float64 { return xs[min(len(xs)-1, int(q*float64(len(xs))))] }
+	return &history.Quantiles{P50: at(0.5), P90: at(0.9), P99: at(0.99)}
 }
 
 // WriteDecisions writes the decision logs of the replays that have one (the narwhal policy),
@@ -536,7 +530,7 @@ func (r *Report) WriteTable(w io.Writer) {
 			name += " (" + p.Split + ")"
 		}
 		fmt.Fprintf(tw, "%s\t%.3f\t%.1f\t%s\t%s\t%d (%.0f)\t%.1f\t%d\t%d\n", name, p.SLOAttainment, p.GoodputRPS,
-			SecondsText(p.TTFTS.P99), SecondsText(p.TPOTS.P99), p.RoleChanges, p.RoleChangesPerHour, p.ReversalsPerHour, p.DamagedRequests, p.GuardViolations)
+			SecondsText(p.TTFTS.At(99)), SecondsText(p.TPOTS.At(99)), p.RoleChanges, p.RoleChangesPerHour, p.ReversalsPerHour, p.DamagedRequests, p.GuardViolations)
 	}
 	tw.Flush()
 	for _, n := range r.Notes {

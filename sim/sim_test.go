@@ -526,3 +526,30 @@ func TestSpreadWithinSlots(t *testing.T) {
 		t.Fatalf("only %d distinct arrivals", len(distinct))
 	}
 }
+
+// PercentilesOf is nearest-rank (the value at index ⌊q·n⌋, the last at most) over xs sorted in
+// place; without samples it is nil, written as null, and a single percentile of it prints "—".
+func TestPercentilesOfIsNearestRank(t *testing.T) {
+	xs := make([]float64, 100)
+	for i := range xs {
+		xs[i] = float64(100 - i) // 100 … 1: sorted to 1 … 100
+	}
+	q := PercentilesOf(xs)
+	if q == nil || q.P50 != 51 || q.P90 != 91 || q.P99 != 100 || xs[0] != 1 {
+		t.Fatalf("PercentilesOf(1…100) = %+v (xs[0] %g), want 51, 91, 100 and xs sorted", q, xs[0])
+	}
+	if q := PercentilesOf([]float64{0.2, 0.1, 0.3}); q.P50 != 0.2 || q.P90 != 0.3 || q.P99 != 0.3 {
+		t.Errorf("PercentilesOf(0.2, 0.1, 0.3) = %+v, want 0.2, 0.3, 0.3", q)
+	}
+	if got := SecondsText(q.At(90)); got != "91.00 s" {
+		t.Errorf("SecondsText of p90 = %q", got)
+	}
+	none := PercentilesOf(nil)
+	if none != nil || none.At(99) != nil || SecondsText(none.At(99)) != "—" {
+		t.Fatalf("PercentilesOf(nil) = %+v, want nil and \"—\"", none)
+	}
+	b, err := json.Marshal(PolicyReport{TTFTS: none, TPOTS: none})
+	if err != nil || !bytes.Contains(b, []byte(`"ttft_s":null,"tpot_s":null`)) {
+		t.Errorf("a report without samples: %s (%v)", b, err)
+	}
+}

@@ -16,7 +16,8 @@ import (
 // Writer writes the durable state after every change it is told of (Kick: a fleet event, a
 // decision), coalescing a burst into one write, and every WriteEvery for the correction factors
 // (they move with every finished request, which does not kick a write). Writes happen on its
-// own goroutine (Run), off the placement path.
+// own goroutine (Run), off the placement path. It is built before the role controller's live
+// wrapper (it observes its decisions) and is handed the controller's guard state when it runs.
 type Writer struct {
 	o       WriterOptions
 	kick    chan struct{}
@@ -26,10 +27,9 @@ type Writer struct {
 
 // WriterOptions are what a Writer captures and where it writes.
 type WriterOptions struct {
-	Save    func(*File) error          // the file (Save), or a replica's store (fenced)
-	Fleet   *fleet.Fleet               // the engines
-	Durable func() controller.Durable  // the controller's guard state, read at each write
-	Loads   func() []router.EngineLoad // the router's correction factors, read at each write
+	Save  func(*File) error          // the file (Save), or a replica's store (fenced)
+	Fleet *fleet.Fleet               // the engines
+	Loads func() []router.EngineLoad // the router's correction factors, read at each write
 	// Failed is told every write that failed, after it is logged and counted (a replica ends
 	// when its write was fenced off); nil ignores them.
 	Failed func(error)
@@ -66,25 +66,26 @@ func (w *Writer) Kick() {
 // controller.Observer.
 func (w *Writer) ObserveDecision(*decisionlog.Decision, time.Duration) { w.Kick() }
 
-// Run writes on kicks and every WriteEvery until ctx is done, then once more.
-func (w *Writer) Run(ctx context.Context) {
+// Run writes on kicks and every WriteEvery until ctx is done, then once more; durable is the
+// controller's guard state (controller.Live.Durable), read at each write.
+func (w *Writer) Run(ctx context.Context, durable func() controller.Durable) {
 	t := time.NewTicker(WriteEvery)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			w.write()
+			w.write(durable)
 			return
 		case <-w.kick:
 		case <-t.C:
 		}
-		w.write()
+		w.write(durable)
 	}
 }
 
-func (w *Writer) write() {
+func (w *Writer) write(durable func() controller.Durable) {
 	begin := time.Now()
-	err := w.o.Save(Capture(w.o.Fleet.Snapshot(), w.o.Durable(), w.o.Loads(), begin))
+	err := w.o.Save(Capture(w.o.Fleet.Snapshot(), durable(), w.o.Loads(), begin))
 	w.latency.Observe(time.Since(begin).Seconds())
 	if err != nil {
 		w.writes.WithLabelValues("error").Inc()

@@ -36,15 +36,17 @@ func TestWriterWritesOnKickAndAtTheEnd(t *testing.T) {
 			written <- file
 			return nil
 		},
-		Fleet:   f,
-		Durable: func() controller.Durable { return controller.Durable{Seq: seq.Load()} },
-		Loads:   func() []router.EngineLoad { return nil },
-		Failed:  func(err error) { failed <- err },
-		Logger:  slog.New(slog.DiscardHandler),
+		Fleet:  f,
+		Loads:  func() []router.EngineLoad { return nil },
+		Failed: func(err error) { failed <- err },
+		Logger: slog.New(slog.DiscardHandler),
 	}, reg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { w.Run(ctx); close(done) }()
+	go func() {
+		w.Run(ctx, func() controller.Durable { return controller.Durable{Seq: seq.Load()} })
+		close(done)
+	}()
 
 	seq.Store(3)
 	w.Kick()

@@ -201,7 +201,7 @@ func main() {
 			}
 			hours := math.Max(rep.SpanS, 1) / 3600
 			fmt.Fprintf(&out, "| %s | %s | %.3f | %s | %s | %s | %.0f | %.1f | %s | %s | %d | %d | %s |\n", r.name, name, p.SLOAttainment, gp,
-				benchdoc.Secs(p.TTFTS.P99), benchdoc.Secs(p.TPOTS.P99), float64(p.RoleChanges)/hours, p.ReversalsPerHour, cv, ra, p.DamagedRequests, p.GuardViolations, targets)
+				sim.SecondsText(p.TTFTS.At(99)), sim.SecondsText(p.TPOTS.At(99)), float64(p.RoleChanges)/hours, p.ReversalsPerHour, cv, ra, p.DamagedRequests, p.GuardViolations, targets)
 		}
 		if len(miss) > 0 {
 			missed = append(missed, r.name)

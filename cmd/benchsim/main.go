@@ -125,7 +125,7 @@ func main() {
 				name += " (" + p.Split + ")"
 			}
 			fmt.Fprintf(&out, "| %s | %.2f | %.3f | %s | %s | %s | %d | %.1f | %s | %d | %d |\n", name, sw.PerEngine[p.Policy], p.SLOAttainment,
-				benchdoc.Secs(p.TTFTS.P50), benchdoc.Secs(p.TTFTS.P99), benchdoc.Secs(p.TPOTS.P99), p.RoleChanges, p.ReversalsPerHour, benchdoc.Secs(p.TimeToAdaptS), p.DamagedRequests, p.GuardViolations)
+				sim.SecondsText(p.TTFTS.At(50)), sim.SecondsText(p.TTFTS.At(99)), sim.SecondsText(p.TPOTS.At(99)), p.RoleChanges, p.ReversalsPerHour, sim.SecondsText(p.TimeToAdaptS), p.DamagedRequests, p.GuardViolations)
 		}
 		fmt.Fprintf(&out, "\n(%.0f s wall for the sweep and the replay.)\n\n", time.Since(started).Seconds())
 		log.Printf("%s done in %.0f s", w.name, time.Since(started).Seconds())

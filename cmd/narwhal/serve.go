@@ -210,13 +210,8 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		save = rep.Save
 		rep.Register(reg)
 	}
-	// The writer reads the controller's guard state at each write, once run has started: s.roles
-	// is built below, and the writer is one of its observers.
 	s.persist = state.NewWriter(state.WriterOptions{Save: save, Fleet: f, Logger: log,
-		Durable: func() controller.Durable { return s.roles.Durable() },
-		Loads:   func() []router.EngineLoad { return s.live.Snapshot().Engines },
-		Failed:  s.writeFailed,
-	}, reg)
+		Loads: func() []router.EngineLoad { return s.live.Snapshot().Engines }, Failed: s.writeFailed}, reg)
 	s.rec = admin.NewRecorder(cfg, start, f, s.live, reg)
 	var persistDecision func(*decisionlog.Decision, controller.Durable) error
 	if rep != nil { // no decision, and so no role move, that a replica cannot persist
@@ -399,7 +394,7 @@ func (s *server) lead() {
 	s.wg.Go(func() { _ = s.monitor.Run(runCtx) })
 	s.wg.Go(func() { _ = s.roles.Run(runCtx) })
 	s.wg.Go(func() { s.switcher.Run(runCtx) })
-	s.wg.Go(func() { s.persist.Run(runCtx) }) // its last write follows the drain
+	s.wg.Go(func() { s.persist.Run(runCtx, s.roles.Durable) }) // its last write follows the drain
 	if s.files != nil {
 		s.wg.Go(func() {
 			if err := s.files.Run(runCtx); err != nil {

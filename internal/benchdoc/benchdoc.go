@@ -22,14 +22,3 @@ func Replace(path, begin, end, section string) error {
 	}
 	return os.WriteFile(path, []byte(s[:i]+section+s[j+len(end)+1:]), 0o644)
 }
-
-// Secs formats seconds for a table: milliseconds under one second, "—" for none.
-func Secs(v *float64) string {
-	if v == nil {
-		return "—"
-	}
-	if *v < 1 {
-		return fmt.Sprintf("%.0f ms", *v*1000)
-	}
-	return fmt.Sprintf("%.2f s", *v)
-}
