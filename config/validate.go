@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"k8s.io/apimachinery/pkg/labels"
 	"math"
 	"net"
 	"net/netip"
@@ -10,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/narwhal-llm/narwhal/problem"
 )
