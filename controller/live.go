@@ -139,11 +139,14 @@ func (l *Live) Recent() []decisionlog.Decision {
 	return append([]decisionlog.Decision(nil), l.recent...)
 }
 
-// Durable returns the controller's durable state (Controller.Durable) between evaluations.
-func (l *Live) Durable() Durable {
+// Durable returns the controller's durable state (Controller.Durable) between evaluations, and
+// the fleet as those evaluations left it: both read under the lock every decision is applied
+// under, so a state written from them never holds a decision's number without its moves, nor
+// its moves without its number.
+func (l *Live) Durable() (Durable, fleet.Snapshot) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.c.Durable()
+	return l.c.Durable(), l.fleet.Snapshot()
 }
 
 // Restore continues from a saved controller state (Controller.Restore), before Run.

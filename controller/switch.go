@@ -88,9 +88,6 @@ func (s *Switcher) Run(ctx context.Context) {
 	}
 }
 
-// Switching reports whether the engine is held for an in-place switch (and not yet ended).
-func Switching(e fleet.Engine) bool { return e.SwitchTo != 0 && e.Lifecycle == fleet.Switching }
-
 // SwitchAction is what the switcher does next with an in-place switch.
 type SwitchAction uint8
 

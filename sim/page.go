@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"slices"
 
 	"github.com/narwhal-llm/narwhal/config"
@@ -104,12 +105,14 @@ func addRejection(o *router.Overflow, c router.Code) {
 // (advisory): the ones the page marks on its split.
 func decisionLines(log []byte) []json.RawMessage {
 	out := []json.RawMessage{}
-	// The log is the replay's own, written in memory: it reads.
-	_ = decisionlog.Read(bytes.NewReader(log), func(l decisionlog.Line) error {
+	err := decisionlog.Read(bytes.NewReader(log), func(l decisionlog.Line) error {
 		if d := l.Decision; d != nil && (d.Outcome == decisionlog.OutcomeMoved || d.AdvisoryResult == decisionlog.WouldMove) {
 			out = append(out, json.RawMessage(slices.Clone(l.Raw)))
 		}
 		return nil
 	})
+	if err != nil { // the replay's own log, written in memory by decisionlog.Log
+		panic(fmt.Sprintf("sim: the replay's decision log does not read back: %v", err))
+	}
 	return out
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/narwhal-llm/narwhal/audit"
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/history"
 )
@@ -406,16 +407,11 @@ func (rep *Report) WriteDecisions(w io.Writer) error {
 		if s == nil || s.c == nil {
 			continue
 		}
-		sc := bufio.NewScanner(bytes.NewReader(rep.logs[p.Policy]))
-		sc.Buffer(make([]byte, 1<<20), 64<<20)
-		for sc.Scan() {
-			line := sc.Bytes()
-			if len(line) < 2 || line[0] != '{' {
-				continue
-			}
-			fmt.Fprintf(bw, "{\"policy\":%q,%s\n", p.Policy, line[1:])
-		}
-		if err := sc.Err(); err != nil {
+		err := decisionlog.Read(bytes.NewReader(rep.logs[p.Policy]), func(l decisionlog.Line) error {
+			_, err := fmt.Fprintf(bw, "{\"policy\":%q,%s\n", p.Policy, l.Raw[1:])
+			return err
+		})
+		if err != nil {
 			return err
 		}
 	}

@@ -8,11 +8,14 @@ import (
 	"io"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/narwhal-llm/narwhal/audit"
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/decisionlog"
+	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/router"
 )
 
@@ -264,7 +267,14 @@ func TestNarwhalPolicyWithInPlaceSwitches(t *testing.T) {
 	if err != nil || len(res.Violations) > 0 || p.RoleChanges == 0 || res.RoleChanges != p.RoleChanges || p.GuardViolations != 0 {
 		t.Fatalf("audit: %v %+v (report: %d role changes, %d guard violations)", err, res, p.RoleChanges, p.GuardViolations)
 	}
-	asked, succeeded := bytes.Count(log.Bytes(), []byte(`"result":"asked"`)), bytes.Count(log.Bytes(), []byte(`"result":"succeeded"`))
+	var asked, succeeded int
+	readLog(t, rep, func(l decisionlog.Line) {
+		if ev := l.Fleet; ev != nil && ev.Result == fleet.SwitchAsked {
+			asked++
+		} else if ev != nil && ev.Result == fleet.SwitchSucceeded {
+			succeeded++
+		}
+	})
 	if asked == 0 || asked != succeeded || succeeded != p.RoleChanges {
 		t.Fatalf("switches asked %d, succeeded %d, role changes %d", asked, succeeded, p.RoleChanges)
 	}
@@ -551,5 +561,62 @@ func TestPercentilesOfIsNearestRank(t *testing.T) {
 	b, err := json.Marshal(PolicyReport{TTFTS: none, TPOTS: none})
 	if err != nil || !bytes.Contains(b, []byte(`"ttft_s":null,"tpot_s":null`)) {
 		t.Errorf("a report without samples: %s (%v)", b, err)
+	}
+}
+
+// The simulator applies the switcher's steps as serve does: a switch whose engine an operator
+// drains while it is held, before it is asked, is abandoned — its role stays, the log audits
+// clean — instead of staying under way for ever.
+func TestSimAbandonsASwitchLeftUnasked(t *testing.T) {
+	reqs, changes := synthetic(t, Synthetic{Kind: "phases", RatePerS: 30, DurationS: 600, PhaseS: 200, Seed: 4})
+	cfg := fleetConfig(t, 4, 2)
+	for i := range cfg.Engines {
+		cfg.Engines[i].Switch = config.SwitchSGLang
+	}
+	// The first switch of the replay: when its engine was held, and when it was asked.
+	var engine string
+	var held, asked float64
+	readLog(t, simulate(t, cfg, reqs, "narwhal", changes), func(l decisionlog.Line) {
+		switch ev := l.Fleet; {
+		case ev == nil:
+		case engine == "" && ev.Event == fleet.EventLifecycle && ev.To == fleet.Switching.String():
+			engine, held = ev.Engine, ev.TimeS
+		case engine != "" && asked == 0 && ev.Engine == engine && ev.Result == fleet.SwitchAsked:
+			asked = ev.TimeS
+		}
+	})
+	if engine == "" || asked <= held {
+		t.Fatalf("no switch held before it was asked (engine %q held at %.3f s, asked at %.3f s)", engine, held, asked)
+	}
+	// The same replay, the engine drained while it is held.
+	cfg.Sim.Faults = []config.Fault{{AtS: (held + asked) / 2, Engine: engine, Kind: "drain"}}
+	rep := simulate(t, cfg, reqs, "narwhal", changes)
+	var ends []string
+	readLog(t, rep, func(l decisionlog.Line) {
+		if ev := l.Fleet; ev != nil && ev.Engine == engine && ev.Event == fleet.EventSwitch && ev.TimeS < asked {
+			ends = append(ends, string(ev.Result)+": "+ev.Cause)
+		}
+	})
+	if want := []string{"abandoned: it became draining before it was asked"}; !slices.Equal(ends, want) {
+		t.Fatalf("%s's switch before %.3f s: %q, want %q", engine, asked, ends, want)
+	}
+	var log bytes.Buffer
+	if err := rep.WriteDecisions(&log); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := audit.Audit(&log, nil); err != nil || len(res.Violations) > 0 {
+		t.Fatalf("audit: %v %v", err, res.Violations)
+	}
+}
+
+// readLog hands every line of the narwhal policy's decision log to fn.
+func readLog(t *testing.T, rep *Report, fn func(decisionlog.Line)) {
+	t.Helper()
+	var log bytes.Buffer
+	if err := rep.WriteDecisions(&log); err != nil {
+		t.Fatal(err)
+	}
+	if err := decisionlog.Read(&log, func(l decisionlog.Line) error { fn(l); return nil }); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,8 +28,9 @@ import (
 	"github.com/narwhal-llm/narwhal/router"
 )
 
-// Version is the schema version this build reads and writes.
-const Version = 1
+// Version is the schema version this build writes. It reads it and version 1 (before a switch
+// under way kept its decision's number, switch_decision), which it upgrades (upgrade).
+const Version = 2
 
 // FileName is the state file's name under state.dir.
 const FileName = "narwhal-state.json"
@@ -198,13 +200,29 @@ func Decode(data []byte, name string) (*File, error) {
 	if err := dec.Decode(&f); err != nil {
 		return nil, fmt.Errorf("%s: not a Narwhal state (%v); move it away, or start with --reset-state", name, err)
 	}
+	if f.Version == 1 {
+		upgrade(&f)
+	}
 	if f.Version != Version {
-		return nil, fmt.Errorf("%s: schema version %d, this build reads %d; start with --reset-state to begin from the config", name, f.Version, Version)
+		return nil, fmt.Errorf("%s: schema version %d, this build reads 1 and %d; start with --reset-state to begin from the config", name, f.Version, Version)
 	}
 	if _, err := f.Fleet(); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return &f, nil
+}
+
+// upgrade makes a version-1 state version 2: the decision of a switch under way, which version 1
+// kept only in its cause's text ("decision N", the form fleet.DecisionCause writes), becomes
+// switch_decision, so that the role event ending the switch names it.
+func upgrade(f *File) {
+	for i := range f.Engines {
+		e := &f.Engines[i]
+		if n, ok := strings.CutPrefix(e.SwitchCause, "decision "); ok && e.SwitchDecision == 0 {
+			e.SwitchDecision, _ = strconv.ParseUint(n, 10, 64)
+		}
+	}
+	f.Version = Version
 }
 
 // Encode writes f as a state document.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -132,6 +133,7 @@ func TestLoadErrors(t *testing.T) {
 		"unknown field": `{"version": 1, "engines": [], "controller": {}, "color": "red"}`,
 		"bad role":      `{"version": 1, "engines": [{"id": "a", "role": "chef", "lifecycle": "active"}], "controller": {}}`,
 		"old version":   `{"version": 0, "engines": [], "controller": {}}`,
+		"newer version": `{"version": 3, "engines": [], "controller": {}}`,
 	} {
 		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 			t.Fatal(err)
@@ -165,7 +167,7 @@ func TestWrittenForm(t *testing.T) {
 	}
 	data, _ := os.ReadFile(filepath.Join(dir, FileName))
 	var m map[string]any
-	if err := json.Unmarshal(data, &m); err != nil || m["version"] != float64(Version) || !strings.HasPrefix(string(data), "{\n  \"version\": 1") {
+	if err := json.Unmarshal(data, &m); err != nil || m["version"] != float64(Version) || !strings.HasPrefix(string(data), fmt.Sprintf("{\n  \"version\": %d", Version)) {
 		t.Fatalf("%s (%v)", data, err)
 	}
 }
@@ -231,5 +233,65 @@ func TestLock(t *testing.T) {
 	defer l2.Release()
 	if data, _ := os.ReadFile(filepath.Join(dir, LockName)); strings.TrimSpace(string(data)) != strconv.Itoa(os.Getpid()) {
 		t.Fatalf("lock file says %q", data)
+	}
+}
+
+// An in-place switch under way is durable with the decision that started it: after a restart
+// the switch ends with the role event naming that decision, as it would have without one.
+func TestSwitchUnderWayKeepsItsDecision(t *testing.T) {
+	cfg := testConfig(t, "a", "b")
+	cfg.Engines[0].Switch = config.SwitchSGLang
+	f, err := fleet.New(cfg, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Move("a", fleet.Decode, t0.Add(time.Minute), 9); err != nil {
+		t.Fatal(err)
+	}
+	data, err := Encode(Capture(f.Snapshot(), controller.Durable{Seq: 9}, nil, t0.Add(time.Minute)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	file, err := Decode(data, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2, err := fleet.New(cfg, t0.Add(2*time.Minute)) // the next run
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := file.Apply(cfg, f2, "test", slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	var role []fleet.Event
+	f2.OnChange(func(ev fleet.Event) {
+		if ev.Kind == fleet.EventRole {
+			role = append(role, ev)
+		}
+	})
+	if _, err := f2.AskSwitch("a", t0.Add(2*time.Minute), "idle"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f2.FinishSwitch("a", fleet.SwitchSucceeded, t0.Add(2*time.Minute), "ok"); err != nil {
+		t.Fatal(err)
+	}
+	if len(role) != 1 || role[0].Decision != 9 || role[0].Cause != "decision 9" || role[0].To != "decode" {
+		t.Fatalf("role events after the restart: %+v", role)
+	}
+}
+
+// A version-1 state (before switch_decision) is read and upgraded: the decision of a switch
+// under way comes from its cause's text, and the state is version 2.
+func TestUpgradeFromVersion1(t *testing.T) {
+	v1 := `{"version": 1, "written": "2026-12-01T00:00:00Z", "engines": [` +
+		`{"id": "a", "role": "prefill", "role_since": "2026-12-01T00:00:00Z", "moved": false, "lifecycle": "switching", "lifecycle_since": "2026-12-01T00:00:00Z", "pinned": false, "held": false, "switch_to": "decode", "switch_cause": "decision 7", "correction": {"prefill": 1, "decode": 1, "prefill_samples": 0, "decode_samples": 0}, "in_place": true},` +
+		`{"id": "b", "role": "decode", "role_since": "2026-12-01T00:00:00Z", "moved": false, "lifecycle": "active", "lifecycle_since": "2026-12-01T00:00:00Z", "pinned": false, "held": false, "correction": {"prefill": 1, "decode": 1, "prefill_samples": 0, "decode_samples": 0}}], ` +
+		`"controller": {"seq": 7, "confirmations": {"prefill_expand": 0, "prefill_consolidate": 0, "decode_expand": 0, "decode_consolidate": 0}, "evidence_window": {"opened_at": "2026-12-01T00:00:00Z", "arrivals": 0, "closed": false}}}`
+	f, err := Decode([]byte(v1), "v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Version != Version || f.Engines[0].SwitchDecision != 7 || f.Engines[1].SwitchDecision != 0 {
+		t.Fatalf("upgraded: version %d, switch decisions %d and %d", f.Version, f.Engines[0].SwitchDecision, f.Engines[1].SwitchDecision)
 	}
 }

@@ -17,7 +17,8 @@ import (
 // decision), coalescing a burst into one write, and every WriteEvery for the correction factors
 // (they move with every finished request, which does not kick a write). Writes happen on its
 // own goroutine (Run), off the placement path. It is built before the role controller's live
-// wrapper (it observes its decisions) and is handed the controller's guard state when it runs.
+// wrapper (it observes its decisions) and is handed the controller's guard state, with the fleet
+// as of the same decisions, when it runs.
 type Writer struct {
 	o       WriterOptions
 	kick    chan struct{}
@@ -28,7 +29,6 @@ type Writer struct {
 // WriterOptions are what a Writer captures and where it writes.
 type WriterOptions struct {
 	Save  func(*File) error          // the file (Save), or a replica's store (fenced)
-	Fleet *fleet.Fleet               // the engines
 	Loads func() []router.EngineLoad // the router's correction factors, read at each write
 	// Failed is told every write that failed, after it is logged and counted (a replica ends
 	// when its write was fenced off); nil ignores them.
@@ -67,8 +67,9 @@ func (w *Writer) Kick() {
 func (w *Writer) ObserveDecision(*decisionlog.Decision, time.Duration) { w.Kick() }
 
 // Run writes on kicks and every WriteEvery until ctx is done, then once more; durable is the
-// controller's guard state (controller.Live.Durable), read at each write.
-func (w *Writer) Run(ctx context.Context, durable func() controller.Durable) {
+// controller's guard state and the fleet as of the same decisions (controller.Live.Durable),
+// read at each write.
+func (w *Writer) Run(ctx context.Context, durable func() (controller.Durable, fleet.Snapshot)) {
 	t := time.NewTicker(WriteEvery)
 	defer t.Stop()
 	for {
@@ -83,9 +84,10 @@ func (w *Writer) Run(ctx context.Context, durable func() controller.Durable) {
 	}
 }
 
-func (w *Writer) write(durable func() controller.Durable) {
+func (w *Writer) write(durable func() (controller.Durable, fleet.Snapshot)) {
 	begin := time.Now()
-	err := w.o.Save(Capture(w.o.Fleet.Snapshot(), durable(), w.o.Loads(), begin))
+	c, snap := durable()
+	err := w.o.Save(Capture(snap, c, w.o.Loads(), begin))
 	w.latency.Observe(time.Since(begin).Seconds())
 	if err != nil {
 		w.writes.WithLabelValues("error").Inc()

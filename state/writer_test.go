@@ -36,17 +36,14 @@ func TestWriterWritesOnKickAndAtTheEnd(t *testing.T) {
 			written <- file
 			return nil
 		},
-		Fleet:  f,
 		Loads:  func() []router.EngineLoad { return nil },
 		Failed: func(err error) { failed <- err },
 		Logger: slog.New(slog.DiscardHandler),
 	}, reg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() {
-		w.Run(ctx, func() controller.Durable { return controller.Durable{Seq: seq.Load()} })
-		close(done)
-	}()
+	durable := func() (controller.Durable, fleet.Snapshot) { return controller.Durable{Seq: seq.Load()}, f.Snapshot() }
+	go func() { w.Run(ctx, durable); close(done) }()
 
 	seq.Store(3)
 	w.Kick()

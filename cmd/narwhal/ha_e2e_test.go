@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -152,29 +151,21 @@ func TestServeHATakeover(t *testing.T) {
 	if out, code := runBin(t, "audit", "--decisions", aLog+","+bLog, "--decisions", cLog); code != 0 || !strings.Contains(out, " 0 violations") {
 		t.Fatalf("audit of the merged logs: exit %d\n%s", code, out)
 	}
-	lastA, firstB := 0.0, 0.0
+	var lastA, firstB uint64
 	for _, l := range []struct {
 		file  string
-		first *float64
-		last  *float64
+		first *uint64
+		last  *uint64
 	}{{aLog, nil, &lastA}, {bLog, &firstB, nil}} {
-		data, err := os.ReadFile(l.file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-			var rec struct {
-				Kind string  `json:"kind"`
-				Seq  float64 `json:"seq"`
-			}
-			if json.Unmarshal([]byte(line), &rec) != nil || rec.Kind != "decision" {
+		for _, line := range logLines(t, l.file) {
+			if line.Decision == nil {
 				continue
 			}
 			if l.first != nil && *l.first == 0 {
-				*l.first = rec.Seq
+				*l.first = line.Decision.Seq
 			}
 			if l.last != nil {
-				*l.last = rec.Seq
+				*l.last = line.Decision.Seq
 			}
 		}
 	}

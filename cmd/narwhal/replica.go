@@ -6,10 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 
+	"k8s.io/client-go/kubernetes"
+
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/ha"
 	"github.com/narwhal-llm/narwhal/tlsfiles"
-	"k8s.io/client-go/kubernetes"
 )
 
 // dialReplica joins the replicas of cfg as replica id: on the Kubernetes API server

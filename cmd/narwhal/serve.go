@@ -210,7 +210,7 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		save = rep.Save
 		rep.Register(reg)
 	}
-	s.persist = state.NewWriter(state.WriterOptions{Save: save, Fleet: f, Logger: log,
+	s.persist = state.NewWriter(state.WriterOptions{Save: save, Logger: log,
 		Loads: func() []router.EngineLoad { return s.live.Snapshot().Engines }, Failed: s.writeFailed}, reg)
 	s.rec = admin.NewRecorder(cfg, start, f, s.live, reg)
 	var persistDecision func(*decisionlog.Decision, controller.Durable) error

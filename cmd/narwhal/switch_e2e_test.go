@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/extproc/envoytest"
+	"github.com/narwhal-llm/narwhal/fleet"
 	"github.com/narwhal-llm/narwhal/gateway"
 	"github.com/narwhal-llm/narwhal/wire"
 )
@@ -35,20 +36,21 @@ func switches(t *testing.T, addr string) map[string]string {
 	return out
 }
 
-// logLines reads a decision log's lines.
-func logLines(t *testing.T, path string) []map[string]any {
+// logLines reads a decision log's lines (decisionlog.Read).
+func logLines(t *testing.T, path string) []decisionlog.Line {
 	t.Helper()
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []map[string]any
-	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		var m map[string]any
-		if err := json.Unmarshal([]byte(l), &m); err != nil {
-			t.Fatalf("%s: %v", l, err)
-		}
-		out = append(out, m)
+	defer f.Close()
+	var out []decisionlog.Line
+	if err := decisionlog.Read(f, func(l decisionlog.Line) error {
+		l.Raw = nil
+		out = append(out, l)
+		return nil
+	}); err != nil {
+		t.Fatalf("%s: %v", path, err)
 	}
 	return out
 }
@@ -233,21 +235,20 @@ func TestServeInPlaceSwitch(t *testing.T) {
 	var steps []string
 	var epoch float64
 	for _, l := range logLines(t, decisions) {
-		switch {
-		case l["kind"] == "config":
-			epoch = l["epoch_unix_s"].(float64)
-		case l["event"] == "switch" && l["result"] == "asked":
-			if at := time.UnixMicro(int64((epoch + l["time_s"].(float64)) * 1e6)); at.Before(finished) {
-				t.Errorf("%s was asked at %v, before its resident finished (%v)", moved, at, finished)
+		switch c, d, ev := l.Config, l.Decision, l.Fleet; {
+		case c != nil:
+			epoch = *c.EpochUnixS
+		case d != nil && d.Outcome == decisionlog.OutcomeMoved:
+			steps = append(steps, fmt.Sprintf("decision %s switch %s", d.Caller, d.Switch))
+		case d == nil && ev.Engine == moved:
+			if ev.Event == fleet.EventSwitch && ev.Result == fleet.SwitchAsked {
+				if at := time.UnixMicro(int64((epoch + ev.TimeS) * 1e6)); at.Before(finished) {
+					t.Errorf("%s was asked at %v, before its resident finished (%v)", moved, at, finished)
+				}
 			}
-		}
-		switch {
-		case l["kind"] == "decision" && l["outcome"] == "moved":
-			steps = append(steps, fmt.Sprintf("decision %v switch %v", l["caller"], l["switch"]))
-		case l["kind"] == "fleet" && l["engine"] == moved && l["event"] != "address":
-			s := fmt.Sprintf("%v %v->%v", l["event"], l["from"], l["to"])
-			if r, ok := l["result"]; ok {
-				s += fmt.Sprintf(" %v", r)
+			s := fmt.Sprintf("%s %s->%s", ev.Event, ev.From, ev.To)
+			if ev.Result != "" {
+				s += " " + string(ev.Result)
 			}
 			steps = append(steps, s)
 		}
@@ -300,11 +301,11 @@ func TestServeInPlaceSwitchFails(t *testing.T) {
 	stopAndAudit(t, srv, decisions)
 	var steps []string
 	for _, l := range logLines(t, decisions) {
-		switch {
-		case l["kind"] == "decision" && l["outcome"] == "moved":
-			steps = append(steps, fmt.Sprintf("decision %v %v", l["caller"], l["switch"]))
-		case l["event"] == "switch" && l["result"] != "asked":
-			steps = append(steps, fmt.Sprintf("switch %v %v", l["engine"], l["result"]))
+		switch d, ev := l.Decision, l.Fleet; {
+		case d != nil && d.Outcome == decisionlog.OutcomeMoved:
+			steps = append(steps, fmt.Sprintf("decision %s %s", d.Caller, d.Switch))
+		case ev != nil && ev.Event == fleet.EventSwitch && ev.Result != fleet.SwitchAsked:
+			steps = append(steps, fmt.Sprintf("switch %s %s", ev.Engine, ev.Result))
 		}
 	}
 	if want := "decision repair sglang; switch e1 failed; decision repair sglang; switch e2 succeeded"; strings.Join(steps, "; ") != want {
