@@ -195,7 +195,7 @@ type auditor struct {
 	snapshot bool // a fleet snapshot has been read
 
 	lastToDecode float64
-	lastSeq      *entry
+	lastSeq      *entry // the last decision made durable (not not_persisted)
 	// role events seen per decision, and decisions seen, for the pairing checks
 	events    map[decisionKey][]int
 	decisions map[decisionKey]*decisionlog.Decision
@@ -400,8 +400,10 @@ func (a *auditor) decision() {
 	if a.lastSeq != nil && rec.Seq <= a.lastSeq.Decision.Seq {
 		a.violate("sequence", "decision %d follows decision %d (%s): a decision numbered again", rec.Seq, a.lastSeq.Decision.Seq, a.name(a.lastSeq.log)+fmt.Sprintf(" line %d", a.lastSeq.Num))
 	}
-	last := a.en
-	a.lastSeq = &last
+	if !rec.NotPersisted { // a number never made durable may be given again by a successor
+		last := a.en
+		a.lastSeq = &last
+	}
 	toDecode, toPrefill := 0, 0
 	for _, m := range rec.Moves {
 		if m.To == "decode" {

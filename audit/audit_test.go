@@ -104,6 +104,28 @@ func TestAuditMergesReplicaLogs(t *testing.T) {
 		t.Fatalf("merged: %+v\n%q", res, got)
 	}
 
+	// a's last decision was not persisted (its store refused the write): b numbering its first
+	// decision as that one is no violation; numbering it as a persisted one is.
+	unpersisted := a + `{"kind":"decision","time_s":45,"seq":2,"caller":"regular","outcome":"blocked","moves":[],"not_persisted":true}` + "\n"
+	for _, c := range []struct {
+		seq  int
+		want bool
+	}{{2, false}, {1, true}} {
+		bn := b
+		if c.seq == 2 {
+			bn = strings.Replace(b, `"cause":"decision 1","decision":1`, `"cause":"decision 2","decision":2`, 1)
+			bn = strings.Replace(bn, `"time_s":50,"seq":1`, `"time_s":50,"seq":2`, 1)
+		}
+		res, err := AuditLogs([]Log{{"a.jsonl", strings.NewReader(unpersisted)}, {"b.jsonl", strings.NewReader(bn)}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := slices.ContainsFunc(res.Violations, func(v Violation) bool { return v.Rule == "sequence" })
+		if got != c.want {
+			t.Errorf("b's decision %d after a's unpersisted decision 2: sequence violation %t, want %t (%v)", c.seq, got, c.want, res.Violations)
+		}
+	}
+
 	// Logs that cannot be one fleet's, or merged at all: an error naming the log.
 	if _, err := AuditLogs([]Log{{"a.jsonl", strings.NewReader(a)}, {"old.jsonl", strings.NewReader(head)}}, nil); err == nil ||
 		!strings.Contains(err.Error(), "old.jsonl: no config line with epoch_unix_s") {

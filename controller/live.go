@@ -279,6 +279,7 @@ func (l *Live) durable(d *decisionlog.Decision) error {
 		return nil
 	}
 	err := l.persist(d, l.c.DurableAfter(*d))
+	d.NotPersisted = err != nil
 	if err != nil && len(d.Moves) == 0 {
 		l.log.Warn("decision not persisted", "decision", d.Seq, "err", err)
 	}

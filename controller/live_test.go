@@ -207,7 +207,7 @@ func TestLiveMoveNotPersistedIsNotApplied(t *testing.T) {
 			t.Fatalf("no unapplied urgent move; decisions %+v", fx.roles.Recent())
 		}
 	}
-	if d.Outcome != decisionlog.OutcomeBlocked || len(d.Moves) != 0 || d.SplitAfter != d.SplitBefore {
+	if d.Outcome != decisionlog.OutcomeBlocked || len(d.Moves) != 0 || d.SplitAfter != d.SplitBefore || !d.NotPersisted {
 		t.Fatalf("decision %+v", d)
 	}
 	if len(asked) == 0 || asked[0].Engine != "e3" || asked[0].To != "prefill" {

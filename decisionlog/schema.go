@@ -111,6 +111,10 @@ type Decision struct {
 	// a later evaluation finds it light enough (docs/role-control.md, "Preparing a donor").
 	Prepare       string     `json:"prepare,omitempty"`
 	Confirmations *Confirmed `json:"confirmations,omitempty"`
+	// NotPersisted: a replica could not make this decision durable (its store refused or did
+	// not answer), so its moves were not applied and its number may be given again by the
+	// replica that takes over (docs/ha.md).
+	NotPersisted bool `json:"not_persisted,omitempty"`
 }
 
 // Split is a split's size.
