@@ -13,7 +13,7 @@ KUBE_VERSION   := v1.37.2
 # The kube-apiserver the Kubernetes tests run (internal/kubeapiserver), built once into the user cache.
 KUBE_APISERVER ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/narwhal/kube-apiserver-$(KUBE_VERSION)
 
-.PHONY: all build run test test-kubernetes kube-apiserver lint fmt vet staticcheck browser screenshot bench bench-sim bench-control bench-burst bench-ha bench-profile fuzz check-long clean
+.PHONY: all build run test test-kubernetes kube-apiserver lint fmt vet staticcheck browser screenshot bench bench-sim bench-control bench-control-random bench-burst bench-ha bench-profile fuzz check-long clean
 
 all: build
 
@@ -95,6 +95,14 @@ bench-sim:
 # threshold and oracle:greedy on 8 engines at the defaults, each target checked (≤ 10 minutes).
 bench-control:
 	$(GO) run ./cmd/benchcontrol -root .
+
+# The generated scorecard of docs/benchmarks.md: SCENARIOS seeded scenarios (shapes, rates,
+# fleets of 4 to 64 engines, engine profiles, faults) under narwhal, static, static:best,
+# threshold and oracle:split at the defaults, with the projection's fidelity (≤ 20 minutes).
+SCENARIOS ?= 200
+SEED      ?= 2
+bench-control-random:
+	$(GO) run ./cmd/benchcontrol -root . -random $(SCENARIOS) -seed $(SEED)
 
 # A move toward prefill through real engines: the burst's TTFT with the controller advisory and
 # moving (docs/benchmarks.md; times real processes: a quiet machine).

@@ -427,13 +427,21 @@ func (a *auditor) decision() {
 	if toPrefill > 0 && (rec.Caller == decisionlog.CallerRegular || rec.Caller == decisionlog.CallerUrgent) {
 		w := rec.Inputs.EvidenceWindow
 		open := rec.TimeS - w.OpenedAtS
-		closed := open >= cfg.evidenceSpanS && w.Arrivals >= uint64(cfg.evidenceMinArrivals) || open >= cfg.evidenceMaxS
+		// Evidence in proportion to the prefill pressure (the current split's ttft_ratio): 4/(r−1)²
+		// arrivals, at most evidence_min_arrivals (docs/role-control.md section 7).
+		need := float64(cfg.evidenceMinArrivals)
+		for _, c := range rec.Candidates {
+			if r := float64(c.TTFTRatio); c.Current && r > 1 {
+				need = min(need, math.Ceil(4/((r-1)*(r-1))))
+			}
+		}
+		closed := open >= cfg.evidenceSpanS && float64(w.Arrivals) >= need || open >= cfg.evidenceMaxS
 		switch {
 		case w.OpenedAtS < a.lastToDecode:
 			a.violate("evidence_window", "decision %d: its window opened at %.3fs, before the last move toward decode restarted it", rec.Seq, w.OpenedAtS)
 		case !closed:
-			a.violate("evidence_window", "decision %d moved toward prefill with the window open: opened %.3fs ago, %d arrivals (span %gs, min %d, max %gs)",
-				rec.Seq, open, w.Arrivals, cfg.evidenceSpanS, cfg.evidenceMinArrivals, cfg.evidenceMaxS)
+			a.violate("evidence_window", "decision %d moved toward prefill with the window open: opened %.3fs ago, %d arrivals (span %gs, need %.0f of min %d, max %gs)",
+				rec.Seq, open, w.Arrivals, cfg.evidenceSpanS, need, cfg.evidenceMinArrivals, cfg.evidenceMaxS)
 		}
 	}
 }

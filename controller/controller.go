@@ -293,6 +293,17 @@ func (c *Controller) windowState() decisionlog.WindowState {
 	return decisionlog.WindowState{Open: !c.win.closed, OpenedAtS: c.win.openedAt, Arrivals: c.win.arrivals}
 }
 
+// PricingQuery is what every evaluation prices its splits with (docs/role-control.md section
+// 3): the waiting set and the priced demand of the next reactive.step_s. The simulator's
+// fidelity figure prices with it too, so that it judges the controller's own ranking.
+func PricingQuery(cfg config.Controller, splits ...router.Split) router.Query {
+	return router.Query{Splits: splits, StepS: cfg.Reactive.StepS}
+}
+
+func withRequest(q router.Query, h router.Handle) router.Query { q.Request = h; return q }
+
+func withOutputScale(q router.Query, k float64) router.Query { q.OutputScale = k; return q }
+
 // candidate is an adjacent split: one engine moved in a direction.
 type candidate struct {
 	dir   string
@@ -381,7 +392,7 @@ func (c *Controller) priceRegular(s *state) regularPrices {
 			splits = append(splits, withoutEngine(s.cur, cand.donor.ID))
 		}
 	}
-	ps, _ := s.view.Price(s.now, router.Query{Splits: splits, StepS: c.cfg.Reactive.StepS})
+	ps, _ := s.view.Price(s.now, PricingQuery(c.cfg, splits...))
 	rp := regularPrices{current: ps[0], cands: cands}
 	for i := range rp.cands {
 		rp.cands[i].price = ps[i+1]
@@ -489,7 +500,7 @@ func (c *Controller) evaluateUrgent(s *state, u pending) decisionlog.Decision {
 	if movable {
 		splits = append(splits, cand.split)
 	}
-	ps, waiting := s.view.Price(s.now, router.Query{Splits: splits, StepS: c.cfg.Reactive.StepS, Request: u.tr.Handle})
+	ps, waiting := s.view.Price(s.now, withRequest(PricingQuery(c.cfg, splits...), u.tr.Handle))
 	if !waiting {
 		d.Outcome, d.Reason = decisionlog.OutcomeDropped, "the triggering request is no longer waiting"
 		return d
@@ -511,14 +522,22 @@ func (c *Controller) evaluateUrgent(s *state, u pending) decisionlog.Decision {
 	rc := decisionlog.Ratio(candTTFT)
 	pc.RequestTTFTS = &rc
 	d.Candidates = append(d.Candidates, pc)
+	// The improvement that counts: the triggering request's projection improves (the seed's
+	// test) and so does the split's, by more than min_gain in units of the SLO — a move that
+	// gains a rounding for one request at the tail while the split as a whole prices no better
+	// (its decode pool soon over capacity) is no improvement (docs/role-control.md section 6).
+	splitGain := lower(cand.price.Worst, cand.price.Overload, p0.Worst, p0.Overload, c.cfg.Thresholds.MinGain)
 	switch {
-	case candTTFT < curTTFT:
+	case candTTFT < curTTFT && splitGain:
 		d.Direction = ToPrefill
 		d.Reason = fmt.Sprintf("request %s: projected TTFT %.3f s -> %.3f s", u.tr.Request, curTTFT, candTTFT)
 		d.Gates = c.gates(s, &cand, p0, decisionlog.CallerUrgent)
 		return c.decide(s, d, &cand)
 	case own > c.slo.TTFTS: // no split can help it: its own prefill (inputs.trigger.prefill_s) exceeds the SLO
 		d.Outcome, d.Reason = decisionlog.OutcomeRetained, "prefill_exceeds_slo"
+	case candTTFT < curTTFT:
+		d.Outcome = decisionlog.OutcomeRetained
+		d.Reason = fmt.Sprintf("request %s: projected TTFT %.3f s -> %.3f s, but the candidate split's worst %s does not improve on %s by more than %g", u.tr.Request, curTTFT, candTTFT, ratio(cand.price.Worst), ratio(p0.Worst), c.cfg.Thresholds.MinGain)
 	default:
 		d.Outcome = decisionlog.OutcomeRetained
 		d.Reason = fmt.Sprintf("request %s: the candidate split does not improve its projected TTFT (%.3f s)", u.tr.Request, curTTFT)
@@ -692,8 +711,10 @@ func (c *Controller) gates(s *state, cand *candidate, p0 router.Pricing, caller 
 		return gs
 	}
 	w := c.windowState()
-	add(decisionlog.GateConsolidationEvidence, !w.Open, "window opened at %.1fs, %d arrivals, open=%t (span %gs, min %d arrivals, max %gs)",
-		w.OpenedAtS, w.Arrivals, w.Open, c.cfg.Reactive.EvidenceSpanS, c.cfg.Reactive.EvidenceMinArrivals, c.cfg.Reactive.EvidenceMaxSpanS)
+	need := EvidenceNeed(c.cfg.Reactive.EvidenceMinArrivals, p0.TTFTRatio)
+	enough := !w.Open || s.t-w.OpenedAtS >= c.cfg.Reactive.EvidenceSpanS && w.Arrivals >= need
+	add(decisionlog.GateConsolidationEvidence, enough, "window opened at %.1fs, %d arrivals, open=%t (span %gs, min %d arrivals, max %gs; %d arrivals at prefill pressure %s)",
+		w.OpenedAtS, w.Arrivals, w.Open, c.cfg.Reactive.EvidenceSpanS, c.cfg.Reactive.EvidenceMinArrivals, c.cfg.Reactive.EvidenceMaxSpanS, need, ratio(p0.TTFTRatio))
 	if caller != decisionlog.CallerUrgent {
 		timeout := false // the timeout that restarted the window is its start, not one since
 		if at, ok := s.view.FirstTokenTimeoutAt(); ok {
@@ -710,7 +731,7 @@ func (c *Controller) gates(s *state, cand *candidate, p0 router.Pricing, caller 
 	detail := fmt.Sprintf("short output %.1f tok/s, long %.1f tok/s, tolerance %g", short, long, th.TrendTolerance)
 	if !trend && dem.Priced.OutputTokensPerS > 0 {
 		raised := short + max(0, short-long)
-		ps, _ := s.view.Price(s.now, router.Query{Splits: []router.Split{cand.split}, StepS: c.cfg.Reactive.StepS, OutputScale: raised / dem.Priced.OutputTokensPerS})
+		ps, _ := s.view.Price(s.now, withOutputScale(PricingQuery(c.cfg, cand.split), raised/dem.Priced.OutputTokensPerS))
 		trend = ps[0].TPOTRatio <= th.Expand
 		detail += fmt.Sprintf("; rising, and with output demand raised to %.1f tok/s the candidate's tpot_ratio is %s (expand %g)", raised, ratio(ps[0].TPOTRatio), th.Expand)
 	}
@@ -720,6 +741,20 @@ func (c *Controller) gates(s *state, cand *candidate, p0 router.Pricing, caller 
 	add(decisionlog.GateFlipResidentGuard, l.DecodeResidents <= th.FlipResidentGuard,
 		"%s decodes %d streams, guard %d", e.ID, l.DecodeResidents, th.FlipResidentGuard)
 	return gs
+}
+
+// EvidenceNeed is how many arrivals since the evidence window opened a move toward prefill needs
+// when the current split's prefill pressure is ttftRatio (docs/role-control.md section 7): the
+// arrival rate estimated from n arrivals is uncertain by about 1/√n of itself, so the evidence
+// suffices once two of those are within the pressure's margin over the SLO — n ≥ 4/(ratio−1)²
+// — and never more than evidence_min_arrivals (a pressure at 1.5× the SLO needs 16 arrivals,
+// one at 1.01× the whole minimum).
+func EvidenceNeed(minArrivals int, ttftRatio float64) uint64 {
+	need := uint64(max(minArrivals, 0))
+	if gap := ttftRatio - 1; gap > 0 {
+		need = min(need, uint64(math.Ceil(4/(gap*gap))))
+	}
+	return need
 }
 
 // floorsGate is role_floors for a split of p prefill and d decode live engines: neither pool
@@ -996,7 +1031,7 @@ func cmpRank(a, b rank) int {
 func (c *Controller) readmit(s *state, e fleet.Engine) decisionlog.Decision {
 	d := c.base(s, decisionlog.CallerReadmission)
 	asPrefill, asDecode := moveEngine(s.cur, e.ID, ToPrefill), moveEngine(s.cur, e.ID, ToDecode)
-	ps, _ := s.view.Price(s.now, router.Query{Splits: []router.Split{asPrefill, asDecode}, StepS: c.cfg.Reactive.StepS})
+	ps, _ := s.view.Price(s.now, PricingQuery(c.cfg, asPrefill, asDecode))
 	pp, pd := ps[0], ps[1]
 	d.Candidates = []decisionlog.Priced{priced(asPrefill, pp, e.Role == fleet.Prefill, e.ID), priced(asDecode, pd, e.Role == fleet.Decode, e.ID)}
 	gain := c.cfg.Thresholds.MinGain
@@ -1087,7 +1122,7 @@ func (c *Controller) Advise(now time.Time, fl fleet.Snapshot, v View, prefill, d
 	if n > 0 {
 		splits = append(splits, cand.split)
 	}
-	ps, _ := v.Price(now, router.Query{Splits: splits, StepS: c.cfg.Reactive.StepS})
+	ps, _ := v.Price(now, PricingQuery(c.cfg, splits...))
 	p0 := ps[0]
 	rec.Candidates = append(rec.Candidates, priced(s.cur, p0, true, ""))
 	if n == 0 {

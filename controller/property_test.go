@@ -3,6 +3,7 @@ package controller
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -21,7 +22,9 @@ import (
 // resulting decision log with the auditor, which shares no code with the controller: no pin
 // moved, no floor broken while capacity allowed, no dwell or cooldown broken, one move per
 // regular pass or urgent wake, no move toward prefill with the window open, nothing moved in
-// advisory mode, every role change made by its decision. Every move's gates all passed.
+// advisory mode, every role change made by its decision. Every move's gates all passed, and
+// every urgent move improves the split's worst by more than min_gain, not only its triggering
+// request's projection (docs/role-control.md section 6).
 func TestAuditedProperty(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		cfg := config.Default()
@@ -114,6 +117,9 @@ func TestAuditedProperty(t *testing.T) {
 					if !ok {
 						break
 					}
+					if d.Caller == decisionlog.CallerUrgent && (d.Outcome == decisionlog.OutcomeMoved || d.AdvisoryResult == decisionlog.WouldMove) {
+						urgentImproves(rt, d, c.Thresholds.MinGain)
+					}
 					for _, m := range d.Moves {
 						for _, g := range d.Gates {
 							if !g.Passed && d.Caller != decisionlog.CallerRepair {
@@ -147,4 +153,29 @@ func TestAuditedProperty(t *testing.T) {
 			rt.Fatalf("log:\n%s", buf.String())
 		}
 	})
+}
+
+// urgentImproves fails an urgent decision that moved (or would have) to a candidate split whose
+// worst is not lower than the current split's by more than gain (on two +Inf, whose overload is
+// not): a gain for the triggering request at the tail is no improvement that counts.
+func urgentImproves(rt *rapid.T, d decisionlog.Decision, gain float64) {
+	var cur, cand *decisionlog.Priced
+	for i := range d.Candidates {
+		if d.Candidates[i].Current {
+			cur = &d.Candidates[i]
+		} else {
+			cand = &d.Candidates[i]
+		}
+	}
+	if cur == nil || cand == nil {
+		rt.Fatalf("urgent decision %d moved with candidates %+v", d.Seq, d.Candidates)
+	}
+	w, cw := float64(cand.Worst), float64(cur.Worst)
+	ok := w < cw-gain
+	if math.IsInf(w, 1) && math.IsInf(cw, 1) {
+		ok = float64(cand.Overload) < float64(cur.Overload)-gain
+	}
+	if !ok {
+		rt.Fatalf("urgent decision %d moved to a split priced %v (overload %v) from %v (overload %v), min_gain %g", d.Seq, w, cand.Overload, cw, cur.Overload, gain)
+	}
 }

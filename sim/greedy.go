@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"cmp"
 	"maps"
+	"math"
 	"runtime"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/controller"
 	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/fleet"
+	"github.com/narwhal-llm/narwhal/router"
 )
 
 // fork returns an independent copy of a replay in the same state: engines with their residents,
@@ -58,9 +61,10 @@ func (s *run) fork() *run {
 // miss every such request) go to the smaller backlog then — requests admitted and without a
 // first token — and then to the split nearest the current one. A bound on what role control can reach, in practice: it knows the window's
 // traffic, moves for free and at once, and carries every consequence forward.
-func greedy(s *run, windowS float64, share bool, progress func(t float64)) (*run, error) {
+func greedy(s *run, windowS float64, share bool, progress func(t float64)) (*run, *Fidelity, error) {
 	window := config.Seconds(windowS)
 	par := max(1, runtime.GOMAXPROCS(0))
+	fid := &Fidelity{}
 	for at := Epoch; ; at = at.Add(window) {
 		next := at.Add(window)
 		live := s.liveSplit()
@@ -71,11 +75,13 @@ func greedy(s *run, windowS float64, share bool, progress func(t float64)) (*run
 			over    bool
 			misses  int
 			backlog int
+			ttft    []float64
+			tpot    []float64
 			err     error
 		}
 		var trials []*trial
 		if n := len(live.prefill) + len(live.decode); n >= 2 {
-			for p := 1; p < n; p++ {
+			for _, p := range oracleSplits(len(live.prefill), n) {
 				trials = append(trials, &trial{prefill: p})
 				if share && p+1 < n {
 					trials = append(trials, &trial{prefill: p, shared: true})
@@ -83,6 +89,18 @@ func greedy(s *run, windowS float64, share bool, progress func(t float64)) (*run
 			}
 		} else {
 			trials = append(trials, &trial{prefill: len(live.prefill)})
+		}
+		// The projection's ranking of the fixed splits tried, from this same state: what the
+		// controller's pricing would choose (fidelity, docs/sim.md).
+		var priced []router.Pricing
+		var pricedAt []int // trial index of each priced split
+		if !share && len(trials) > 1 {
+			var splits []router.Split
+			for k, tr := range trials {
+				splits = append(splits, s.splitFor(tr.prefill))
+				pricedAt = append(pricedAt, k)
+			}
+			priced, _ = s.r.Price(s.now, controller.PricingQuery(s.cfg.Controller, splits...))
 		}
 		sem := make(chan struct{}, par)
 		var wg sync.WaitGroup
@@ -103,11 +121,14 @@ func greedy(s *run, windowS float64, share bool, progress func(t float64)) (*run
 				look := f.fork()
 				if _, tr.err = look.runSplit(tr.prefill, tr.shared, next.Add(window)); tr.err == nil {
 					tr.misses, tr.backlog = look.misses(look.next), look.backlog()
+					if priced != nil {
+						tr.ttft, tr.tpot = look.measured(at, at.Add(config.Seconds(2*s.cfg.Controller.Reactive.StepS)))
+					}
 				}
 			}()
 		}
 		wg.Wait()
-		best := slices.MinFunc(trials, func(a, b *trial) int {
+		cmpTrial := func(a, b *trial) int {
 			if c := cmp.Compare(a.misses, b.misses); c != 0 {
 				return c
 			}
@@ -121,18 +142,114 @@ func greedy(s *run, windowS float64, share bool, progress func(t float64)) (*run
 				return 1
 			}
 			return cmp.Compare(abs(a.prefill-len(live.prefill)), abs(b.prefill-len(live.prefill)))
-		})
+		}
+		best := slices.MinFunc(trials, cmpTrial)
 		if best.err != nil {
-			return nil, best.err
+			return nil, nil, best.err
+		}
+		if priced != nil && at.Before(s.end) {
+			// The split the projection ranks first (lowest worst, then overload, then nearest
+			// the current split), against the oracle's.
+			pick := 0
+			for k := 1; k < len(priced); k++ {
+				a, b := priced[k], priced[pick]
+				switch {
+				case lower(a.Worst, a.Overload, b.Worst, b.Overload):
+					pick = k
+				case !lower(b.Worst, b.Overload, a.Worst, a.Overload) &&
+					abs(trials[pricedAt[k]].prefill-len(live.prefill)) < abs(trials[pricedAt[pick]].prefill-len(live.prefill)):
+					pick = k
+				}
+			}
+			chosen := trials[pricedAt[pick]]
+			w := FidelityWindow{StartS: at.Sub(Epoch).Seconds(), Oracle: best.prefill, Priced: chosen.prefill,
+				RegretMisses: chosen.misses - best.misses}
+			for k, tr := range trials {
+				if tr == best {
+					p := priced[k]
+					w.ProjectedTTFT, w.ProjectedTPOT = decisionlog.Ratio(p.ProbeTTFT/s.cfg.SLO.TTFTS), decisionlog.Ratio(p.TPOTRatio)
+					w.MeasuredTTFT, w.MeasuredTPOT = decisionlog.Ratio(median(tr.ttft)/s.cfg.SLO.TTFTS), decisionlog.Ratio(median(tr.tpot)/s.cfg.SLO.TPOTS)
+				}
+			}
+			fid.Windows = append(fid.Windows, w)
 		}
 		s = best.r
 		if progress != nil {
 			progress(next.Sub(Epoch).Seconds())
 		}
 		if best.over {
-			return s, nil
+			if share {
+				fid = nil
+			}
+			return s, fid, nil
 		}
 	}
+}
+
+// lower reports whether a split priced (worst, overload) ranks before another: a lower worst,
+// or, both +Inf, a lower overload (the controller's order, docs/role-control.md section 3).
+func lower(worst, overload, thanWorst, thanOverload float64) bool {
+	if math.IsInf(worst, 1) && math.IsInf(thanWorst, 1) {
+		return overload < thanOverload
+	}
+	return worst < thanWorst
+}
+
+// maxOracleSplits is how many fixed splits an oracle window tries at most; a larger fleet's
+// oracle tries the splits at distances 0, 1, 2, 4, 8, … from the current one (both ways).
+const maxOracleSplits = 15
+
+// oracleSplits are the prefill pool sizes an oracle window tries from a split of cur prefill
+// engines out of n: every split 1…n−1, or on a fleet too large for that, the current one and
+// those at distances 1, 2, 4, 8, … from it.
+func oracleSplits(cur, n int) []int {
+	if n-1 <= maxOracleSplits {
+		out := make([]int, 0, n-1)
+		for p := 1; p < n; p++ {
+			out = append(out, p)
+		}
+		return out
+	}
+	out := []int{min(max(cur, 1), n-1)}
+	for d := 1; d < n; d *= 2 {
+		for _, p := range []int{cur - d, cur + d} {
+			if p >= 1 && p < n && !slices.Contains(out, p) {
+				out = append(out, p)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// measured is what the replay measured of the requests arriving in [from, to): their TTFTs
+// (one still without a first token counts its wait so far) and the seconds per output token of
+// those that finished with two tokens or more.
+func (s *run) measured(from, to time.Time) (ttft, tpot []float64) {
+	for i := 0; i < s.next; i++ {
+		o := &s.out[i]
+		if o.arrival.IsZero() || o.arrival.Before(from) || !o.arrival.Before(to) || o.rejected || o.failed {
+			continue
+		}
+		if o.first.IsZero() {
+			ttft = append(ttft, s.now.Sub(o.arrival).Seconds())
+			continue
+		}
+		ttft = append(ttft, o.first.Sub(o.arrival).Seconds())
+		if !o.done.IsZero() && o.generated > 1 {
+			tpot = append(tpot, o.done.Sub(o.first).Seconds()/float64(o.generated-1))
+		}
+	}
+	return ttft, tpot
+}
+
+// median of xs (sorting them); NaN for none.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(xs)
+	return xs[len(xs)/2]
 }
 
 func abs(x int) int { return max(x, -x) }
@@ -178,21 +295,54 @@ func (s *run) liveSplit() pools {
 	return p
 }
 
-// setSplit moves live engines until prefill of them are prefill engines: the decode engines
-// holding the fewest requests, or the prefill engines holding the fewest, then by id.
-func (s *run) setSplit(prefill int) {
+// splitFor is the split setSplit makes of the live engines for prefill prefill engines: the
+// decode engines holding the fewest requests move to prefill, or the prefill engines holding
+// the fewest to decode, then by id.
+func (s *run) splitFor(prefill int) router.Split {
 	live := s.liveSplit()
-	from, to, n := live.decode, fleet.Prefill, prefill-len(live.prefill)
+	from, n := live.decode, prefill-len(live.prefill)
 	if n < 0 {
-		from, to, n = live.prefill, fleet.Decode, -n
+		from, n = live.prefill, -n
 	}
 	slices.SortStableFunc(from, func(a, b string) int {
 		return cmp.Compare(s.engines[s.byID[a]].m.Residents(), s.engines[s.byID[b]].m.Residents())
 	})
+	moving := from[:min(n, len(from))]
+	var sp router.Split
+	for _, id := range live.prefill {
+		if prefill >= len(live.prefill) || !slices.Contains(moving, id) {
+			sp.Prefill = append(sp.Prefill, id)
+		}
+	}
+	for _, id := range live.decode {
+		if prefill <= len(live.prefill) || !slices.Contains(moving, id) {
+			sp.Decode = append(sp.Decode, id)
+		}
+	}
+	if prefill > len(live.prefill) {
+		sp.Prefill = append(sp.Prefill, moving...)
+	} else {
+		sp.Decode = append(sp.Decode, moving...)
+	}
+	return sp
+}
+
+// setSplit moves live engines until prefill of them are prefill engines (splitFor's choice).
+func (s *run) setSplit(prefill int) {
+	sp := s.splitFor(prefill)
 	moved := false
-	for _, id := range from[:min(n, len(from))] {
-		if _, err := s.f.SetRole(id, to, s.now, "oracle:greedy"); err == nil {
-			moved = true
+	for _, id := range sp.Prefill {
+		if e, _ := s.f.Engine(id); e.Role != fleet.Prefill {
+			if _, err := s.f.SetRole(id, fleet.Prefill, s.now, "oracle:greedy"); err == nil {
+				moved = true
+			}
+		}
+	}
+	for _, id := range sp.Decode {
+		if e, _ := s.f.Engine(id); e.Role != fleet.Decode {
+			if _, err := s.f.SetRole(id, fleet.Decode, s.now, "oracle:greedy"); err == nil {
+				moved = true
+			}
 		}
 	}
 	if moved {

@@ -90,6 +90,79 @@ type PolicyReport struct {
 	PrefixHitShare *float64 `json:"prefix_hit_share"`
 	Windows        []Window `json:"windows"`
 	WallS          float64  `json:"wall_s"`
+	// Fidelity (oracle:split only) is how the projection ranked the splits the oracle tried.
+	Fidelity *Fidelity `json:"fidelity,omitempty"`
+}
+
+// Fidelity is how well the projection ranks splits (docs/sim.md, "Fidelity"): at every window
+// boundary of an oracle:split replay, the splits the oracle tries are also priced from the same
+// state with the controller's pricing (router.Price), and the split it ranks first is compared
+// with the one the oracle found best in hindsight.
+type Fidelity struct {
+	Windows []FidelityWindow `json:"windows"`
+	// Requests is the replay's number of requests (Regret's denominator).
+	Requests int `json:"requests"`
+}
+
+// FidelityWindow is one window of it: the prefill pool size the oracle chose and the one the
+// pricing ranked first; the requests the pricing's choice missed beyond the oracle's (judged as
+// the oracle judges); and, for the oracle's split, the probe's projected TTFT and the projected
+// decode step (tpot_ratio), each over its SLO, against the median TTFT of the requests arriving
+// in the window's first two steps and the median seconds per output token of those of them
+// that finished, over the SLO.
+type FidelityWindow struct {
+	StartS        float64           `json:"start_s"`
+	Oracle        int               `json:"oracle_prefill"`
+	Priced        int               `json:"priced_prefill"`
+	RegretMisses  int               `json:"regret_misses"`
+	ProjectedTTFT decisionlog.Ratio `json:"projected_ttft_ratio"`
+	MeasuredTTFT  decisionlog.Ratio `json:"measured_ttft_ratio"`
+	ProjectedTPOT decisionlog.Ratio `json:"projected_tpot_ratio"`
+	MeasuredTPOT  decisionlog.Ratio `json:"measured_tpot_ratio"`
+}
+
+// Agree is the share of windows in which the pricing ranked the oracle's split first, and Near
+// the share in which its first was within one engine of it.
+func (f *Fidelity) Agree() (agree, near float64) {
+	if len(f.Windows) == 0 {
+		return math.NaN(), math.NaN()
+	}
+	a, n := 0, 0
+	for _, w := range f.Windows {
+		if w.Priced == w.Oracle || w.RegretMisses == 0 {
+			a++
+		}
+		if abs(w.Priced-w.Oracle) <= 1 || w.RegretMisses == 0 {
+			n++
+		}
+	}
+	return float64(a) / float64(len(f.Windows)), float64(n) / float64(len(f.Windows))
+}
+
+// Regret is the attainment following the pricing's choice in every window would have lost
+// against the oracle's: the requests its choices missed beyond the oracle's, over the replay's.
+func (f *Fidelity) Regret() float64 {
+	n := 0
+	for _, w := range f.Windows {
+		n += w.RegretMisses
+	}
+	return float64(n) / float64(max(f.Requests, 1))
+}
+
+// Bias is the median over windows of log(projected / measured) for TTFT and for TPOT
+// (0: unbiased; 0.69: the projection reads twice the measure), over windows where both are
+// finite and positive.
+func (f *Fidelity) Bias() (ttft, tpot float64) {
+	var a, b []float64
+	for _, w := range f.Windows {
+		if x := math.Log(float64(w.ProjectedTTFT) / float64(w.MeasuredTTFT)); !math.IsNaN(x) && !math.IsInf(x, 0) {
+			a = append(a, x)
+		}
+		if x := math.Log(float64(w.ProjectedTPOT) / float64(w.MeasuredTPOT)); !math.IsNaN(x) && !math.IsInf(x, 0) {
+			b = append(b, x)
+		}
+	}
+	return median(a), median(b)
 }
 
 // Window is one time window of a policy's replay: requests arriving in it, those of them that
@@ -141,6 +214,7 @@ func Simulate(cfg *config.Config, reqs []Request, o Options) (*Report, error) {
 	var mu sync.Mutex
 	errs := make([]error, len(todo))
 	walls := map[string]float64{}
+	fids := map[string]*Fidelity{}
 	for k, p := range todo {
 		wg.Add(1)
 		go func() {
@@ -154,12 +228,15 @@ func Simulate(cfg *config.Config, reqs []Request, o Options) (*Report, error) {
 				return
 			}
 			var progress func(float64)
+			var fid *Fidelity
 			if o.Progress != nil {
 				progress = func(t float64) { o.Progress(p.Name, t) }
 			}
 			switch p.Kind {
 			case PolicyOracleGreedy, PolicyOracleSplit:
-				s, err = greedy(s, o.WindowS, p.Kind == PolicyOracleGreedy, progress)
+				if s, fid, err = greedy(s, o.WindowS, p.Kind == PolicyOracleGreedy, progress); fid != nil {
+					fid.Requests = len(reqs)
+				}
 			default:
 				err = s.loop(progress)
 			}
@@ -169,6 +246,9 @@ func Simulate(cfg *config.Config, reqs []Request, o Options) (*Report, error) {
 			}
 			mu.Lock()
 			rep.runs[p.Name], rep.logs[p.Name], walls[p.Name] = s, s.logBuf.Bytes(), time.Since(begin).Seconds()
+			if fid != nil {
+				fids[p.Name] = fid
+			}
 			mu.Unlock()
 		}()
 	}
@@ -190,6 +270,7 @@ func Simulate(cfg *config.Config, reqs []Request, o Options) (*Report, error) {
 				return nil, err
 			}
 			pr.WallS = walls[p.Name]
+			pr.Fidelity = fids[p.Name]
 		}
 		pr.Policy = p.Name
 		rep.Policies = append(rep.Policies, pr)

@@ -156,6 +156,40 @@ func TestStaticBestAndOracle(t *testing.T) {
 	if split.RoleChanges == 0 {
 		t.Errorf("oracle:split kept one split through phases that want two: %v", split.Windows)
 	}
+	// Fidelity: a window each, the oracle's choice the split its window reports, the pricing's
+	// choice a split of the fleet, and no regret where the two agree.
+	fid := split.Fidelity
+	if fid == nil || len(fid.Windows) != len(split.Windows) || fid.Requests != len(reqs) {
+		t.Fatalf("oracle:split fidelity %+v, want one window per report window (%d) over %d requests", fid, len(split.Windows), len(reqs))
+	}
+	for i, w := range fid.Windows {
+		if w.Oracle != split.Windows[i].Prefill || w.Priced < 1 || w.Priced > 3 {
+			t.Errorf("fidelity window %d: oracle %dP (the replay's window %dP), priced %dP", i, w.Oracle, split.Windows[i].Prefill, w.Priced)
+		}
+		if w.RegretMisses < 0 || w.Priced == w.Oracle && w.RegretMisses != 0 {
+			t.Errorf("fidelity window %d: regret %d with oracle %dP and priced %dP", i, w.RegretMisses, w.Oracle, w.Priced)
+		}
+	}
+	if a, n := fid.Agree(); a > n || n > 1 || a < 0 {
+		t.Errorf("agree %.2f, within one %.2f", a, n)
+	}
+	if oracle.Fidelity != nil {
+		t.Errorf("oracle:greedy reports a fidelity (its shared splits are not priced)")
+	}
+}
+
+// A large fleet's oracle tries the current split and those at doubling distances from it; a
+// small one every split.
+func TestOracleSplits(t *testing.T) {
+	if got := oracleSplits(3, 8); !slices.Equal(got, []int{1, 2, 3, 4, 5, 6, 7}) {
+		t.Errorf("8 engines: %v", got)
+	}
+	if got := oracleSplits(20, 64); !slices.Equal(got, []int{4, 12, 16, 18, 19, 20, 21, 22, 24, 28, 36, 52}) {
+		t.Errorf("64 engines from 20P: %v", got)
+	}
+	if got := oracleSplits(63, 64); got[len(got)-1] != 63 || got[0] != 31 {
+		t.Errorf("64 engines from 63P: %v", got)
+	}
 }
 
 // A forked replay runs apart from its original: both, run to the end, give exactly what the

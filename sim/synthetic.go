@@ -26,6 +26,9 @@ type Synthetic struct {
 	StormEveryS, StormLenS, StormRatePerS float64
 	PeriodS                               float64 // diurnal: the sine's period (its amplitude is 0.8 × the base rate); daynight: a day and a night
 	PhaseS                                float64 // phases: the length of each of the three phases
+	// PromptScale and OutputScale multiply every drawn prompt and output length (0: 1), for
+	// mixes other than chat: code (longer prompts, shorter answers), agents, summaries.
+	PromptScale, OutputScale float64
 }
 
 // SyntheticKinds are the kinds Generate knows.
@@ -35,7 +38,7 @@ var SyntheticKinds = []string{"onoff", "step", "longprompt", "diurnal", "phases"
 func DefaultSynthetic(kind string) Synthetic {
 	return Synthetic{Kind: kind, RatePerS: 20, DurationS: 3600, Seed: 1,
 		OnS: 60, OffS: 60, Factor: 4, StepAtS: 1200, StepLenS: 1200,
-		StormEveryS: 600, StormLenS: 60, StormRatePerS: 6, PeriodS: 3600, PhaseS: 1200}
+		StormEveryS: 600, StormLenS: 60, StormRatePerS: 6, PeriodS: 3600, PhaseS: 1200, PromptScale: 1, OutputScale: 1}
 }
 
 // withDefaults fills zero fields from DefaultSynthetic.
@@ -45,6 +48,7 @@ func (s Synthetic) withDefaults() Synthetic {
 		{&s.RatePerS, &d.RatePerS}, {&s.DurationS, &d.DurationS}, {&s.OnS, &d.OnS}, {&s.OffS, &d.OffS},
 		{&s.Factor, &d.Factor}, {&s.StepAtS, &d.StepAtS}, {&s.StepLenS, &d.StepLenS}, {&s.StormEveryS, &d.StormEveryS},
 		{&s.StormLenS, &d.StormLenS}, {&s.StormRatePerS, &d.StormRatePerS}, {&s.PeriodS, &d.PeriodS}, {&s.PhaseS, &d.PhaseS},
+		{&s.PromptScale, &d.PromptScale}, {&s.OutputScale, &d.OutputScale},
 	} {
 		if *f.v == 0 {
 			*f.v = *f.def
@@ -57,7 +61,7 @@ func (s Synthetic) withDefaults() Synthetic {
 // a role change should answer (time to adapt).
 func (s Synthetic) Generate() ([]Request, []Change, error) {
 	s = s.withDefaults()
-	for _, v := range []float64{s.RatePerS, s.DurationS, s.OnS, s.OffS, s.Factor, s.StepLenS, s.StormEveryS, s.StormLenS, s.StormRatePerS, s.PeriodS, s.PhaseS} {
+	for _, v := range []float64{s.RatePerS, s.DurationS, s.OnS, s.OffS, s.Factor, s.StepLenS, s.StormEveryS, s.StormLenS, s.StormRatePerS, s.PeriodS, s.PhaseS, s.PromptScale, s.OutputScale} {
 		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
 			return nil, nil, fmt.Errorf("synthetic %s: parameters must be finite and positive", s.Kind)
 		}
@@ -147,6 +151,12 @@ func (s Synthetic) Generate() ([]Request, []Change, error) {
 			return 8192 + rng.IntN(8193), chatOutput(rng)
 		})
 		out = merge(out, storm)
+	}
+	if s.PromptScale != 1 || s.OutputScale != 1 {
+		for i := range out {
+			out[i].InputTokens = max(1, int(math.Round(float64(out[i].InputTokens)*s.PromptScale)))
+			out[i].OutputTokens = max(1, int(math.Round(float64(out[i].OutputTokens)*s.OutputScale)))
+		}
 	}
 	return out, changes, nil
 }

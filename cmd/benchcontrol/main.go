@@ -62,11 +62,17 @@ func main() {
 	only := flag.String("only", "", "comma-separated row names (or prefixes) to run (default: all)")
 	write := flag.Bool("write", true, "write the table into docs/benchmarks.md (else only print it)")
 	reports := flag.String("reports", "", "a directory to write each row's sim report (NAME.json) and narwhal's decision log (NAME.decisions.jsonl) into, for a closer look")
+	random := flag.Int("random", 0, "the generated scorecard instead of the fixed one: this many scenarios (make bench-control-random); -only then takes scenario numbers")
+	seed := flag.Int64("seed", 1, "the generated scorecard's generator seed")
 	flag.Parse()
 	started := time.Now()
 	cfg, err := config.LoadFile(filepath.Join(*root, "examples/sim/fleet-8.yaml"))
 	if err != nil {
 		log.Fatal(err)
+	}
+	if *random > 0 {
+		randomScorecard(*root, cfg, *seed, *random, *only, *write, *reports)
+		return
 	}
 	rows := rowsOf(*root)
 	policies, err := sim.ParsePolicies("narwhal,static,static:best,threshold,oracle:greedy,oracle:split", len(cfg.Engines))
