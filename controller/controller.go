@@ -348,7 +348,11 @@ func (c *Controller) evaluateRegular(s *state) decisionlog.Decision {
 		return c.advise(d, nil)
 	case best == nil:
 		d.Outcome = decisionlog.OutcomeRetained
-		d.Reason = fmt.Sprintf("motivated (%v) but no adjacent split strictly improves worst %.3f by more than %g", motives, p0.Worst, th.MinGain)
+		d.Reason = fmt.Sprintf("motivated (%v) but no adjacent split strictly improves worst %.3f by more than %s", motives, p0.Worst, c.gains(rp))
+		if donor, drain, ok := c.heldDonor(s, rp, motives); ok {
+			d.Prepare = donor
+			d.Reason += fmt.Sprintf("; %s still decodes for %.1fs: preparing %s", donor, drain, donor)
+		}
 		return c.advise(d, nil)
 	}
 	d.Direction = best.dir
@@ -361,6 +365,42 @@ func (c *Controller) evaluateRegular(s *state) decisionlog.Decision {
 	}
 	d.Gates = c.gates(s, best, p0, decisionlog.CallerRegular)
 	return c.decide(s, d, best)
+}
+
+// heldDonor is the donor to prepare when prefill pressure motivates a move toward prefill that
+// no candidate improves because the donor's residents hold it: it prefills only once they are
+// done, and their drain outlasts the horizon the projection prices (step_s), so until then the
+// candidate prices no better than the current split — and, while placement keeps giving it new
+// streams, never will (a slow decoder's streams last minutes). Preparing it, which only steers
+// new streams away, lets it drain; a later pass then finds the move improving. Only when the
+// decode pool without it carries the demand (the candidate's tpot_ratio and overload within
+// expand: else the prepared engine still takes streams, for want of room elsewhere, and never
+// drains), and never for a donor that switches in place (its drain is weighed instead) or when
+// advisory. An engine already prepared that still drains stays the one (docs/role-control.md
+// section 7, "A donor held by its residents").
+func (c *Controller) heldDonor(s *state, rp regularPrices, motives []string) (string, float64, bool) {
+	if c.cfg.Advisory || c.conf.PrefillExpand < 1 || !slices.Contains(motives, ToPrefill) {
+		return "", 0, false
+	}
+	expand := c.cfg.Thresholds.Expand
+	for _, cand := range rp.cands {
+		l := s.loads[cand.donor.ID]
+		if cand.dir != ToPrefill || cand.donor.InPlace || l == nil || cand.price.TPOTRatio > expand || cand.price.Overload > expand {
+			continue
+		}
+		if l.DrainS <= c.cfg.Reactive.StepS {
+			return "", 0, false
+		}
+		// The engine already prepared stays so while it drains: a lighter donor each pass
+		// would restart the drain on every engine in turn.
+		for i := range s.snap.Engines {
+			if p := &s.snap.Engines[i]; p.Prepared && p.DrainS > c.cfg.Reactive.StepS && slices.Contains(s.cur.Decode, p.ID) {
+				return p.ID, p.DrainS, true
+			}
+		}
+		return cand.donor.ID, l.DrainS, true
+	}
+	return "", 0, false
 }
 
 // regularPrices is what a regular pass priced: the current split, each adjacent candidate and,
@@ -458,7 +498,7 @@ func (c *Controller) chooseRegular(s *state, d *decisionlog.Decision, rp regular
 			d.Candidates = append(d.Candidates, tp)
 		}
 		d.Candidates = append(d.Candidates, pc)
-		improves := lower(cand.worst, cand.price.Overload, p0.Worst, p0.Overload, th.MinGain)
+		improves := lower(cand.worst, cand.price.Overload, p0.Worst, p0.Overload, c.gainFor(cand, p0))
 		var motivated bool
 		if dir == ToPrefill {
 			motivated = conf.PrefillExpand >= 1 || consolidate && conf.PrefillConsolidate >= n && improves
@@ -473,6 +513,47 @@ func (c *Controller) chooseRegular(s *state, d *decisionlog.Decision, rp regular
 		}
 	}
 	return best, motives
+}
+
+// gain is the improvement that counts for a move into a pool of n engines (after the move) of a
+// split whose worst — or, on two +Inf, overload — is v: min_gain in units of the SLO, but never
+// more than half of what one engine can give. One engine added to a pool of n raises its
+// capacity by 1/n of it, and lowers a ratio of v by at most about v/n; on a 64-engine fleet that
+// is under min_gain at any pressure a backlog reaches, and a fixed min_gain held a 37P/27D fleet
+// whose backlog grew to a 130-s TTFT (docs/role-control.md section 5).
+func (c *Controller) gain(v float64, n int) float64 {
+	return min(c.cfg.Thresholds.MinGain, v/float64(2*max(n, 1)))
+}
+
+// gains says the gain that counts for a regular pass's candidates: one figure when they share
+// it (min_gain on a small fleet), else each direction's.
+func (c *Controller) gains(rp regularPrices) string {
+	var parts []string
+	same := true
+	for i := range rp.cands {
+		g := c.gainFor(&rp.cands[i], rp.current)
+		same = same && g == c.gainFor(&rp.cands[0], rp.current)
+		parts = append(parts, fmt.Sprintf("%s %.3g", rp.cands[i].dir, g))
+	}
+	if len(parts) == 0 {
+		return fmt.Sprintf("%.3g", c.cfg.Thresholds.MinGain)
+	}
+	if same {
+		return fmt.Sprintf("%.3g", c.gainFor(&rp.cands[0], rp.current))
+	}
+	return "its gain (" + strings.Join(parts, ", ") + ")"
+}
+
+// gainFor is gain for cand against the current split's price p0.
+func (c *Controller) gainFor(cand *candidate, p0 router.Pricing) float64 {
+	v, n := p0.Worst, len(cand.split.Prefill)
+	if math.IsInf(v, 1) {
+		v = p0.Overload
+	}
+	if cand.dir == ToDecode {
+		n = len(cand.split.Decode)
+	}
+	return c.gain(v, n)
 }
 
 // lower reports whether a split priced (worst, overload) prices lower than another by more
@@ -526,7 +607,7 @@ func (c *Controller) evaluateUrgent(s *state, u pending) decisionlog.Decision {
 	// test) and so does the split's, by more than min_gain in units of the SLO — a move that
 	// gains a rounding for one request at the tail while the split as a whole prices no better
 	// (its decode pool soon over capacity) is no improvement (docs/role-control.md section 6).
-	splitGain := lower(cand.price.Worst, cand.price.Overload, p0.Worst, p0.Overload, c.cfg.Thresholds.MinGain)
+	splitGain := lower(cand.price.Worst, cand.price.Overload, p0.Worst, p0.Overload, c.gainFor(&cand, p0))
 	switch {
 	case candTTFT < curTTFT && splitGain:
 		d.Direction = ToPrefill
@@ -537,7 +618,7 @@ func (c *Controller) evaluateUrgent(s *state, u pending) decisionlog.Decision {
 		d.Outcome, d.Reason = decisionlog.OutcomeRetained, "prefill_exceeds_slo"
 	case candTTFT < curTTFT:
 		d.Outcome = decisionlog.OutcomeRetained
-		d.Reason = fmt.Sprintf("request %s: projected TTFT %.3f s -> %.3f s, but the candidate split's worst %s does not improve on %s by more than %g", u.tr.Request, curTTFT, candTTFT, ratio(cand.price.Worst), ratio(p0.Worst), c.cfg.Thresholds.MinGain)
+		d.Reason = fmt.Sprintf("request %s: projected TTFT %.3f s -> %.3f s, but the candidate split's worst %s does not improve on %s by more than %.3g", u.tr.Request, curTTFT, candTTFT, ratio(cand.price.Worst), ratio(p0.Worst), c.gainFor(&cand, p0))
 	default:
 		d.Outcome = decisionlog.OutcomeRetained
 		d.Reason = fmt.Sprintf("request %s: the candidate split does not improve its projected TTFT (%.3f s)", u.tr.Request, curTTFT)

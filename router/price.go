@@ -175,6 +175,8 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 				sp.decode.place(need)
 			}
 		}
+		// The probe's stream: the decode step a request arriving at the horizon would get.
+		sp.decode.place(int64(meanPrompt) + int64(math.Ceil(meanOutput)))
 		probe := sp.prefill.schedule(meanPrompt, probeAt) + sp.handoff - probeAt
 		// Arrivals come in Poisson clumps, not every 1/λ: the probe also waits the mean wait of
 		// the priced demand at the split's prefill pool taken as a queue (its engines as
@@ -260,14 +262,22 @@ func (r *Router) FirstTokenTimeoutAt() (time.Time, bool) {
 	return r.Time(r.lastTimeout), true
 }
 
-// priceDecode is the largest projected decode step over a split whose decode scheduler has
-// placed the waiting requests' streams (each on the engine where it steps fastest): the decode
-// pool's engines, and the prefill pool's engines still holding decode residents.
+// priceDecode is the largest projected decode step over the engines of a split's decode pool
+// that took a stream this pricing placed (the waiting set's, the priced demand's and the
+// probe's, each on the engine where it steps fastest), with their residents decoding at the
+// horizon: the step the split gives the work still to come. An engine that took none only
+// carries residents, and they step the same under every split of the query (resident
+// ownership: they finish where they are, and a donor moved to prefill starts prefilling only
+// once they are done), so, like a settled waiting request, it cannot tell the splits apart and
+// its step would hide every difference between them (docs/role-control.md section 3).
 func (r *Router) priceDecode(sp *splitSched) (worst, overload float64) {
 	if len(sp.dec) == 0 {
 		return math.Inf(1), math.Inf(1)
 	}
 	for _, i := range sp.dec {
+		if !sp.decode.placed[i] {
+			continue
+		}
 		e := &r.engines[i]
 		streams, kv := sp.decode.streams[i], sp.decode.kv[i]
 		d := e.prof.Decode
@@ -276,14 +286,7 @@ func (r *Router) priceDecode(sp *splitSched) (worst, overload float64) {
 			worst = math.Inf(1)
 			continue
 		}
-		if streams > 0 {
-			worst = max(worst, e.stepSeconds(streams, kv))
-		}
-	}
-	for _, i := range sp.pool { // donors keep their residents until they drain
-		if e, n := &r.engines[i], r.pricing.streams[i]; n > 0 && e.prof.Decode != nil {
-			worst = max(worst, e.stepSeconds(n, r.pricing.kv[i]))
-		}
+		worst = max(worst, e.stepSeconds(streams, kv))
 	}
 	return worst, overload
 }
@@ -440,17 +443,18 @@ type decodeSched struct {
 	classes []class[config.DecodeCurve]
 	streams []int   // by engine index
 	kv      []int64 // by engine index
+	placed  []bool  // by engine index: the engine took a stream placed by this pricing
 }
 
 func (d *decodeSched) reset(engines int) {
 	resetClasses(&d.classes)
 	if len(d.streams) < engines {
-		d.streams, d.kv = make([]int, engines), make([]int64, engines)
+		d.streams, d.kv, d.placed = make([]int, engines), make([]int64, engines), make([]bool, engines)
 	}
 }
 
 func (d *decodeSched) add(curve *config.DecodeCurve, corr float64, streams int, kv int64, engine int) {
-	d.streams[engine], d.kv[engine] = streams, kv
+	d.streams[engine], d.kv[engine], d.placed[engine] = streams, kv, false
 	join(&d.classes, curve, corr, curve.PerStreamS*float64(streams)+curve.PerKVTokenS*float64(kv), engine)
 }
 
@@ -471,6 +475,7 @@ func (d *decodeSched) place(need int64) {
 	e := int(c.heap.ids[0])
 	d.streams[e]++
 	d.kv[e] += need
+	d.placed[e] = true
 	c.heap.fix(bestLoad)
 }
 

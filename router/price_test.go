@@ -273,11 +273,11 @@ func TestPriceCountsResidentsDecodingAtTheHorizon(t *testing.T) {
 	}
 	ps, _ := r.Price(now, Query{Splits: []Split{r.CurrentSplit()}, StepS: 5})
 	// The short streams are projected done (no completion seen yet): only the long one
-	// decodes at the horizon.
+	// decodes at the horizon, beside the probe's stream (no demand: a probe-sized prompt).
 	e := &r.engines[1]
-	one := e.stepSeconds(1, 10+100000) / r.slo.TPOTS
-	if math.Abs(ps[0].TPOTRatio-one) > 1e-9 {
-		t.Fatalf("tpot_ratio %.6f, want %.6f (the one stream decoding at the horizon)", ps[0].TPOTRatio, one)
+	two := e.stepSeconds(2, 10+100000+ProbePromptTokens) / r.slo.TPOTS
+	if math.Abs(ps[0].TPOTRatio-two) > 1e-9 {
+		t.Fatalf("tpot_ratio %.6f, want %.6f (the long stream and the probe's decoding at the horizon)", ps[0].TPOTRatio, two)
 	}
 }
 
