@@ -520,7 +520,7 @@ func (c *Controller) chooseRegular(s *state, d *decisionlog.Decision, rp regular
 // more than half of what one engine can give. One engine added to a pool of n raises its
 // capacity by 1/n of it, and lowers a ratio of v by at most about v/n; on a 64-engine fleet that
 // is under min_gain at any pressure a backlog reaches, and a fixed min_gain held a 37P/27D fleet
-// whose backlog grew to a 130-s TTFT (docs/role-control.md section 5).
+// whose backlog grew to a 130-s TTFT (docs/role-control.md section 3).
 func (c *Controller) gain(v float64, n int) float64 {
 	return min(c.cfg.Thresholds.MinGain, v/float64(2*max(n, 1)))
 }
@@ -544,14 +544,22 @@ func (c *Controller) gains(rp regularPrices) string {
 	return "its gain (" + strings.Join(parts, ", ") + ")"
 }
 
-// gainFor is gain for cand against the current split's price p0.
+// gainFor is the gain that counts for cand against the current split's price p0: gain when the
+// pool cand adds an engine to is under pressure (at or above expand), else — consolidation, a
+// pool giving up an engine it can spare — min_gain itself: scaled down, a 64-engine fleet traded
+// its prefill engines one a pass, through a diurnal trough, for decode steps 1% shorter, and met
+// the next peak with a third of them gone.
 func (c *Controller) gainFor(cand *candidate, p0 router.Pricing) float64 {
-	v, n := p0.Worst, len(cand.split.Prefill)
+	pressure, n := p0.TTFTRatio, len(cand.split.Prefill)
+	if cand.dir == ToDecode {
+		pressure, n = p0.TPOTRatio, len(cand.split.Decode)
+	}
+	if pressure < c.cfg.Thresholds.Expand {
+		return c.cfg.Thresholds.MinGain
+	}
+	v := p0.Worst
 	if math.IsInf(v, 1) {
 		v = p0.Overload
-	}
-	if cand.dir == ToDecode {
-		n = len(cand.split.Decode)
 	}
 	return c.gain(v, n)
 }

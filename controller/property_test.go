@@ -118,7 +118,7 @@ func TestAuditedProperty(t *testing.T) {
 						break
 					}
 					if d.Caller == decisionlog.CallerUrgent && (d.Outcome == decisionlog.OutcomeMoved || d.AdvisoryResult == decisionlog.WouldMove) {
-						urgentImproves(rt, d, c.Thresholds.MinGain)
+						urgentImproves(rt, d, c.Thresholds.MinGain, c.Thresholds.Expand)
 					}
 					for _, m := range d.Moves {
 						for _, g := range d.Gates {
@@ -158,7 +158,7 @@ func TestAuditedProperty(t *testing.T) {
 // urgentImproves fails an urgent decision that moved (or would have) to a candidate split whose
 // worst is not lower than the current split's by more than gain (on two +Inf, whose overload is
 // not): a gain for the triggering request at the tail is no improvement that counts.
-func urgentImproves(rt *rapid.T, d decisionlog.Decision, minGain float64) {
+func urgentImproves(rt *rapid.T, d decisionlog.Decision, minGain, expand float64) {
 	var cur, cand *decisionlog.Priced
 	for i := range d.Candidates {
 		if d.Candidates[i].Current {
@@ -170,14 +170,17 @@ func urgentImproves(rt *rapid.T, d decisionlog.Decision, minGain float64) {
 	if cur == nil || cand == nil {
 		rt.Fatalf("urgent decision %d moved with candidates %+v", d.Seq, d.Candidates)
 	}
-	// The gain that counts (docs/role-control.md section 5): min_gain, or half of what one
-	// engine added to the receiving prefill pool of the candidate can give.
+	// The gain that counts (docs/role-control.md section 3): min_gain, or, the prefill pool
+	// under pressure, half of what one engine added to it can give when that is less.
 	w, cw := float64(cand.Worst), float64(cur.Worst)
 	v, cv := w, cw
 	if math.IsInf(w, 1) && math.IsInf(cw, 1) {
 		v, cv = float64(cand.Overload), float64(cur.Overload)
 	}
-	gain := min(minGain, cv/float64(2*cand.Prefill))
+	gain := minGain
+	if float64(cur.TTFTRatio) >= expand {
+		gain = min(minGain, cv/float64(2*cand.Prefill))
+	}
 	if !(v < cv-gain) {
 		rt.Fatalf("urgent decision %d moved to a split priced %v (overload %v) from %v (overload %v), gain %g", d.Seq, w, cand.Overload, cw, cur.Overload, gain)
 	}

@@ -262,22 +262,22 @@ func (r *Router) FirstTokenTimeoutAt() (time.Time, bool) {
 	return r.Time(r.lastTimeout), true
 }
 
-// priceDecode is the largest projected decode step over the engines of a split's decode pool
-// that took a stream this pricing placed (the waiting set's, the priced demand's and the
-// probe's, each on the engine where it steps fastest), with their residents decoding at the
-// horizon: the step the split gives the work still to come. An engine that took none only
-// carries residents, and they step the same under every split of the query (resident
-// ownership: they finish where they are, and a donor moved to prefill starts prefilling only
-// once they are done), so, like a settled waiting request, it cannot tell the splits apart and
-// its step would hide every difference between them (docs/role-control.md section 3).
+// priceDecode is the projected decode step a stream gets on a split's decode pool at the
+// horizon, with the streams this pricing placed (the waiting set's, the priced demand's and the
+// probe's, each on the engine where it steps fastest) beside the residents still decoding then:
+// the mean of the engines' steps weighted by their streams. Not the largest: the engine whose
+// residents step slowest steps the same under every split (resident ownership: they finish
+// where they are), and as the maximum it hid every difference between them; nor only the
+// engines that took a placed stream: over a horizon of seconds an engine added to the pool
+// takes them all, and its empty step priced one engine more as a pool relieved
+// (docs/role-control.md section 3).
 func (r *Router) priceDecode(sp *splitSched) (worst, overload float64) {
 	if len(sp.dec) == 0 {
 		return math.Inf(1), math.Inf(1)
 	}
+	var sum float64
+	var n int
 	for _, i := range sp.dec {
-		if !sp.decode.placed[i] {
-			continue
-		}
 		e := &r.engines[i]
 		streams, kv := sp.decode.streams[i], sp.decode.kv[i]
 		d := e.prof.Decode
@@ -286,9 +286,15 @@ func (r *Router) priceDecode(sp *splitSched) (worst, overload float64) {
 			worst = math.Inf(1)
 			continue
 		}
-		worst = max(worst, e.stepSeconds(streams, kv))
+		if streams > 0 {
+			sum += float64(streams) * e.stepSeconds(streams, kv)
+			n += streams
+		}
 	}
-	return worst, overload
+	if math.IsInf(worst, 1) || n == 0 {
+		return worst, overload
+	}
+	return sum / float64(n), overload
 }
 
 // indices appends to dst the indices of engine ids, skipping unknown ones and engines whose
@@ -443,18 +449,17 @@ type decodeSched struct {
 	classes []class[config.DecodeCurve]
 	streams []int   // by engine index
 	kv      []int64 // by engine index
-	placed  []bool  // by engine index: the engine took a stream placed by this pricing
 }
 
 func (d *decodeSched) reset(engines int) {
 	resetClasses(&d.classes)
 	if len(d.streams) < engines {
-		d.streams, d.kv, d.placed = make([]int, engines), make([]int64, engines), make([]bool, engines)
+		d.streams, d.kv = make([]int, engines), make([]int64, engines)
 	}
 }
 
 func (d *decodeSched) add(curve *config.DecodeCurve, corr float64, streams int, kv int64, engine int) {
-	d.streams[engine], d.kv[engine], d.placed[engine] = streams, kv, false
+	d.streams[engine], d.kv[engine] = streams, kv
 	join(&d.classes, curve, corr, curve.PerStreamS*float64(streams)+curve.PerKVTokenS*float64(kv), engine)
 }
 
@@ -475,7 +480,6 @@ func (d *decodeSched) place(need int64) {
 	e := int(c.heap.ids[0])
 	d.streams[e]++
 	d.kv[e] += need
-	d.placed[e] = true
 	c.heap.fix(bestLoad)
 }
 

@@ -281,6 +281,38 @@ func TestPriceCountsResidentsDecodingAtTheHorizon(t *testing.T) {
 	}
 }
 
+// An engine added to the decode pool takes every stream of a horizon of seconds, but the pool's
+// step is the mean a stream gets, residents included: one engine more prices as a pool less
+// loaded, not as the empty engine's step (docs/role-control.md section 3).
+func TestPriceDecodeIsTheMeanAStreamGets(t *testing.T) {
+	r := testRouter(t, config.Default(), "p1 prefill", "d1 decode", "d2 prefill")
+	for k := range 20 { // long streams on d1, the only decode engine
+		now := at(float64(k) * 0.001)
+		o := r.Offer(now, Offer{ID: "long", PromptTokens: 10, MaxTokens: 8000})
+		_ = r.FirstToken(now, o.Handle)
+	}
+	now := at(10)
+	ps, _ := r.Price(now, Query{Splits: []Split{
+		{Prefill: []string{"p1", "d2"}, Decode: []string{"d1"}},
+		{Prefill: []string{"p1"}, Decode: []string{"d1", "d2"}},
+	}, StepS: 5})
+	sp := &r.pricing.splits[1]
+	d1, d2 := sp.decode.streams[r.byID["d1"]], sp.decode.streams[r.byID["d2"]]
+	if d1 <= d2 || d2 < 1 {
+		t.Fatalf("streams at the horizon: d1 %d, d2 %d; want d1's residents and the new streams on d2", d1, d2)
+	}
+	e1, e2 := &r.engines[r.byID["d1"]], &r.engines[r.byID["d2"]]
+	s1 := e1.stepSeconds(d1, sp.decode.kv[r.byID["d1"]])
+	s2 := e2.stepSeconds(d2, sp.decode.kv[r.byID["d2"]])
+	want := (float64(d1)*s1 + float64(d2)*s2) / float64(d1+d2) / r.slo.TPOTS
+	if math.Abs(ps[1].TPOTRatio-want) > 1e-9 || !(s2 < s1) {
+		t.Fatalf("tpot_ratio %.6f, want the stream-weighted mean %.6f of d1's step %.6f and d2's %.6f", ps[1].TPOTRatio, want, s1/r.slo.TPOTS, s2/r.slo.TPOTS)
+	}
+	if !(ps[1].TPOTRatio < ps[0].TPOTRatio) {
+		t.Fatalf("one decode engine more prices %.6f, not under %.6f", ps[1].TPOTRatio, ps[0].TPOTRatio)
+	}
+}
+
 // Snapshot's drains (one walk of the entries for every engine) are the ones freeAt projects an
 // engine at a time.
 func TestSnapshotDrainsAsFreeAt(t *testing.T) {
