@@ -515,53 +515,46 @@ func (c *Controller) chooseRegular(s *state, d *decisionlog.Decision, rp regular
 	return best, motives
 }
 
-// gain is the improvement that counts for a move into a pool of n engines (after the move) of a
-// split whose worst — or, on two +Inf, overload — is v: min_gain in units of the SLO, but never
-// more than half of what one engine can give. One engine added to a pool of n raises its
-// capacity by 1/n of it, and lowers a ratio of v by at most about v/n; on a 64-engine fleet that
-// is under min_gain at any pressure a backlog reaches, and a fixed min_gain held a 37P/27D fleet
-// whose backlog grew to a 130-s TTFT (docs/role-control.md section 3).
-func (c *Controller) gain(v float64, n int) float64 {
-	return min(c.cfg.Thresholds.MinGain, v/float64(2*max(n, 1)))
-}
-
 // gains says the gain that counts for a regular pass's candidates: one figure when they share
 // it (min_gain on a small fleet), else each direction's.
 func (c *Controller) gains(rp regularPrices) string {
-	var parts []string
-	same := true
-	for i := range rp.cands {
-		g := c.gainFor(&rp.cands[i], rp.current)
-		same = same && g == c.gainFor(&rp.cands[0], rp.current)
-		parts = append(parts, fmt.Sprintf("%s %.3g", rp.cands[i].dir, g))
-	}
-	if len(parts) == 0 {
+	switch {
+	case len(rp.cands) == 0:
 		return fmt.Sprintf("%.3g", c.cfg.Thresholds.MinGain)
-	}
-	if same {
+	case len(rp.cands) == 1:
 		return fmt.Sprintf("%.3g", c.gainFor(&rp.cands[0], rp.current))
 	}
-	return "its gain (" + strings.Join(parts, ", ") + ")"
+	a, b := c.gainFor(&rp.cands[0], rp.current), c.gainFor(&rp.cands[1], rp.current)
+	if a == b {
+		return fmt.Sprintf("%.3g", a)
+	}
+	return fmt.Sprintf("its gain (%s %.3g, %s %.3g)", rp.cands[0].dir, a, rp.cands[1].dir, b)
 }
 
-// gainFor is the gain that counts for cand against the current split's price p0: gain when the
-// pool cand adds an engine to is under pressure (at or above expand), else — consolidation, a
-// pool giving up an engine it can spare — min_gain itself: scaled down, a 64-engine fleet traded
-// its prefill engines one a pass, through a diurnal trough, for decode steps 1% shorter, and met
-// the next peak with a third of them gone.
+// gainFor is the improvement that counts for cand against the current split's price p0, whose
+// worst — or, on two +Inf, overload — is v. Into a pool under pressure (at or above expand) of n
+// engines after the move: min_gain in units of the SLO, but never more than v/2n, half of what
+// one engine can give (it raises the pool's capacity by 1/n, and lowers a ratio of v by about
+// v/n; on a 64-engine fleet that is under min_gain at any pressure a backlog reaches, and a
+// fixed min_gain held a 37P/27D fleet whose backlog grew to a 130-s TTFT). Into a pool not under
+// pressure — consolidation, a pool giving up an engine it can spare — min_gain itself: scaled
+// down, a 64-engine fleet traded its prefill engines one a pass, through a diurnal trough, for
+// decode steps 1% shorter, and met the next peak with a third of them gone (docs/role-control.md
+// section 3).
 func (c *Controller) gainFor(cand *candidate, p0 router.Pricing) float64 {
+	th := c.cfg.Thresholds
 	pressure, n := p0.TTFTRatio, len(cand.split.Prefill)
 	if cand.dir == ToDecode {
 		pressure, n = p0.TPOTRatio, len(cand.split.Decode)
 	}
-	if pressure < c.cfg.Thresholds.Expand {
-		return c.cfg.Thresholds.MinGain
+	if pressure < th.Expand {
+		return th.MinGain
 	}
 	v := p0.Worst
 	if math.IsInf(v, 1) {
 		v = p0.Overload
 	}
-	return c.gain(v, n)
+	return min(th.MinGain, v/float64(2*max(n, 1)))
 }
 
 // lower reports whether a split priced (worst, overload) prices lower than another by more
@@ -612,7 +605,7 @@ func (c *Controller) evaluateUrgent(s *state, u pending) decisionlog.Decision {
 	pc.RequestTTFTS = &rc
 	d.Candidates = append(d.Candidates, pc)
 	// The improvement that counts: the triggering request's projection improves (the seed's
-	// test) and so does the split's, by more than min_gain in units of the SLO — a move that
+	// test) and so does the split's, by more than the gain that counts (gainFor) — a move that
 	// gains a rounding for one request at the tail while the split as a whole prices no better
 	// (its decode pool soon over capacity) is no improvement (docs/role-control.md section 6).
 	splitGain := lower(cand.price.Worst, cand.price.Overload, p0.Worst, p0.Overload, c.gainFor(&cand, p0))

@@ -275,24 +275,26 @@ func (r *Router) priceDecode(sp *splitSched) (worst, overload float64) {
 	if len(sp.dec) == 0 {
 		return math.Inf(1), math.Inf(1)
 	}
-	var sum float64
-	var n int
+	var sum float64 // Σ streams × step
+	var n int       // Σ streams
+	full := false
 	for _, i := range sp.dec {
 		e := &r.engines[i]
 		streams, kv := sp.decode.streams[i], sp.decode.kv[i]
 		d := e.prof.Decode
 		overload = max(overload, float64(streams)/float64(d.MaxStreams), float64(kv)/float64(d.MaxKVTokens))
 		if streams > d.MaxStreams || kv > int64(d.MaxKVTokens) {
-			worst = math.Inf(1)
-			continue
-		}
-		if streams > 0 {
+			full = true
+		} else if streams > 0 {
 			sum += float64(streams) * e.stepSeconds(streams, kv)
 			n += streams
 		}
 	}
-	if math.IsInf(worst, 1) || n == 0 {
-		return worst, overload
+	switch {
+	case full:
+		return math.Inf(1), overload
+	case n == 0:
+		return 0, overload
 	}
 	return sum / float64(n), overload
 }
