@@ -7,9 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
+	"mime"
+	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -55,16 +59,24 @@ type Options struct {
 	TLS func() map[string]tlsfiles.Status
 	// History is the history ring GET /narwhal/history serves; nil keeps none.
 	History *history.Ring[decisionlog.Decision]
+	// Registerer, when set, takes narwhal_admin_refused_total.
+	Registerer prometheus.Registerer
 }
 
 // Server is the admin HTTP API. Create it with New; it is ready once SetReady(true).
 type Server struct {
 	o     Options
-	token []byte
+	token tokenSource
 	// identities are admin.identities: a mutating call's client certificate must name one.
 	identities map[string]bool
-	ready      atomic.Bool
-	mux        *http.ServeMux
+	// hosts are admin.hosts, lower case: the host names served besides loopback names and IP
+	// addresses (docs/security.md, "The admin API").
+	hosts    map[string]bool
+	origins  http.CrossOriginProtection
+	refusals tlsfiles.Refusals
+	refused  *prometheus.CounterVec // by reason; nil without Options.Registerer
+	ready    atomic.Bool
+	mux      *http.ServeMux
 }
 
 // New builds the admin server.
@@ -72,7 +84,19 @@ func New(o Options) *Server {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{o: o, token: []byte(o.Config.Admin.Token), mux: http.NewServeMux()}
+	s := &Server{o: o, mux: http.NewServeMux(), hosts: map[string]bool{},
+		token: tokenSource{token: []byte(o.Config.Admin.Token), path: o.Config.Admin.TokenFile, log: o.Logger}}
+	if s.token.path != "" {
+		s.token.seen = tlsfiles.Stamp(s.token.path)
+	}
+	for _, h := range o.Config.Admin.Hosts {
+		s.hosts[strings.ToLower(strings.TrimSuffix(h, "."))] = true
+	}
+	if o.Registerer != nil {
+		s.refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "narwhal_admin_refused_total",
+			Help: "Admin API calls refused, by reason: token, identity, origin, host, media_type."}, []string{"reason"})
+		o.Registerer.MustRegister(s.refused)
+	}
 	if ids := o.Config.Admin.Identities; len(ids) > 0 {
 		s.identities = map[string]bool{}
 		for _, id := range ids {
@@ -92,9 +116,22 @@ func New(o Options) *Server {
 	return s
 }
 
-// ServeHTTP implements http.Handler. What no route serves (404, or 405 with its Allow header)
-// is answered as JSON too, like every other error.
+// ServeHTTP implements http.Handler. A request for a host name this API does not serve (DNS
+// rebinding: a web page's own name pointed at this address) is answered 421, and a browser's
+// cross-origin request that would change something 403, before any route (docs/security.md,
+// "The admin API"). What no route serves (404, or 405 with its Allow header) is answered as
+// JSON too, like every other error.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if host, ok := s.servesHost(r.Host); !ok {
+		s.refuse(w, r, http.StatusMisdirectedRequest, "host", "misdirected_request",
+			"this admin API does not serve the host "+quote(host)+": use a loopback name or an IP address, or list the name in admin.hosts")
+		return
+	}
+	if err := s.origins.Check(r); err != nil {
+		s.refuse(w, r, http.StatusForbidden, "origin", "forbidden",
+			"a cross-origin request may not change anything here: call the admin API from a client that is not a web page of another site (curl, narwhal), or from its own page")
+		return
+	}
 	if _, pattern := s.mux.Handler(r); pattern != "" {
 		s.mux.ServeHTTP(w, r)
 		return
@@ -187,7 +224,7 @@ func (s *Server) state(w http.ResponseWriter, _ *http.Request) {
 // advise serves POST /narwhal/advise: {"prefill": P, "decode": D, "reason": "..."} is evaluated
 // as an advisory decision and its record returned. Nothing moves.
 func (s *Server) advise(w http.ResponseWriter, r *http.Request) {
-	if s.guard(w, r) {
+	if s.guard(w, r) || s.jsonBody(w, r) {
 		return
 	}
 	if s.o.Controller == nil {
@@ -259,18 +296,70 @@ func (s *Server) engineAction(w http.ResponseWriter, r *http.Request) {
 const SourceAdmin = "admin"
 
 // guard answers a call that changes the fleet when it may not run here: no or a wrong token
-// (401), a standby replica (503). It reports whether it answered.
+// (401), a client certificate naming none of admin.identities (403), a standby replica (503).
+// It reports whether it answered.
 func (s *Server) guard(w http.ResponseWriter, r *http.Request) bool {
 	if !s.authorized(r) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="narwhal"`)
-		writeError(w, http.StatusUnauthorized, "unauthorized", "this call needs Authorization: Bearer <admin.token>")
+		s.refuse(w, r, http.StatusUnauthorized, "token", "unauthorized", "this call needs Authorization: Bearer <admin.token>")
 		return true
 	}
 	if s.identities != nil && (r.TLS == nil || !tlsfiles.Allowed(r.TLS.PeerCertificates, s.identities)) {
-		writeError(w, http.StatusForbidden, "forbidden", "this call needs a client certificate naming one of admin.identities")
+		s.refuse(w, r, http.StatusForbidden, "identity", "forbidden", "this call needs a client certificate naming one of admin.identities")
 		return true
 	}
 	return s.standby(w)
+}
+
+// jsonBody answers 415 a call whose body is not declared application/json (a web form or a
+// text/plain post, which a browser sends to any site without asking it first); it reports
+// whether it answered.
+func (s *Server) jsonBody(w http.ResponseWriter, r *http.Request) bool {
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && mt == "application/json" {
+		return false
+	}
+	s.refuse(w, r, http.StatusUnsupportedMediaType, "media_type", "unsupported_media_type", "the body must be JSON, sent with Content-Type: application/json")
+	return true
+}
+
+// refuse answers a refused call, counts it by reason and logs it once per client address and
+// reason (tlsfiles.Refusals: bounded, then counted only).
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, code int, reason, kind, msg string) {
+	if s.refused != nil {
+		s.refused.WithLabelValues(reason).Inc()
+	}
+	client := r.RemoteAddr
+	if h, _, err := net.SplitHostPort(client); err == nil {
+		client = h
+	}
+	switch first, full := s.refusals.Note(client, reason); {
+	case first:
+		s.o.Logger.Warn("admin: call refused (logged once per client and reason)", "client", client, "reason", reason,
+			"status", code, "method", r.Method, "path", r.URL.Path, "host", r.Host, "origin", r.Header.Get("Origin"))
+	case full:
+		s.o.Logger.Warn("admin: more distinct clients refused than are logged one by one: further ones are only counted (narwhal_admin_refused_total)",
+			"logged", tlsfiles.MaxLoggedRefusals)
+	}
+	writeError(w, code, kind, msg)
+}
+
+// servesHost reports whether a request's Host names this API: an IP address (a browser that
+// sends one reached it by that address, not by a name a web page controls), a loopback name
+// (localhost, *.localhost), or a name of admin.hosts. An empty Host (HTTP/1.0) is served: no
+// browser sends one. It returns the host without its port.
+func (s *Server) servesHost(hostport string) (string, bool) {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.ToLower(strings.TrimSuffix(strings.Trim(host, "[]"), "."))
+	switch {
+	case host == "", host == "localhost", strings.HasSuffix(host, ".localhost"):
+		return host, true
+	case net.ParseIP(host) != nil:
+		return host, true
+	}
+	return host, s.hosts[host]
 }
 
 // addEngine serves POST /narwhal/engines: an engine joins the fleet at run time (docs/discovery.md),
@@ -278,7 +367,7 @@ func (s *Server) guard(w http.ResponseWriter, r *http.Request) bool {
 // controller decides), "profile" (none: discovery.default_profile), "switch" (none:
 // discovery.switch)}.
 func (s *Server) addEngine(w http.ResponseWriter, r *http.Request) {
-	if s.guard(w, r) {
+	if s.guard(w, r) || s.jsonBody(w, r) {
 		return
 	}
 	var req config.Engine
@@ -351,11 +440,44 @@ func (s *Server) standby(w http.ResponseWriter) bool {
 
 // authorized checks the bearer token in constant time; with no token configured every call is.
 func (s *Server) authorized(r *http.Request) bool {
-	if len(s.token) == 0 {
+	token := s.token.current()
+	if len(token) == 0 {
 		return true
 	}
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(got), s.token) == 1
+	return ok && subtle.ConstantTimeCompare([]byte(got), token) == 1
+}
+
+// tokenSource is the admin token: the one resolved at start (Config.Admin.Token), and with
+// admin.token_file, the file's again whenever it changes (its size, modification time or inode,
+// as the certificates are watched: a rotated Secret takes effect at the next call). A change
+// that holds no usable token keeps the last good one and is logged; the token is never logged.
+type tokenSource struct {
+	path string
+	log  *slog.Logger
+
+	mu    sync.Mutex
+	seen  tlsfiles.FileStamp
+	token []byte
+}
+
+func (t *tokenSource) current() []byte {
+	if t.path == "" {
+		return t.token
+	}
+	st := tlsfiles.Stamp(t.path)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if st != t.seen {
+		t.seen = st
+		if tok, err := (config.Admin{TokenFile: t.path}).ResolveToken(); err != nil {
+			t.log.Error("admin.token_file changed but holds no usable token: the last good token still stands", "err", err)
+		} else {
+			t.token = []byte(tok)
+			t.log.Info("admin token reloaded", "token_file", t.path)
+		}
+	}
+	return t.token
 }
 
 func quote(s string) string { b, _ := json.Marshal(s); return string(b) }
@@ -382,4 +504,25 @@ func writeError(w http.ResponseWriter, code int, kind, msg string) {
 		Code    string `json:"code"`
 	}
 	writeJSON(w, code, map[string]body{"error": {Message: msg, Type: kind, Code: kind}})
+}
+
+// Limits bound what one client may hold of the admin listener, which also answers the kubelet's
+// probes (docs/security.md, "The admin API"): the time to send the request's headers and its
+// whole body, the time to take the answer, an idle keep-alive connection's life, and the
+// headers' size.
+type Limits struct {
+	ReadHeader, Read, Write, Idle time.Duration
+	MaxHeaderBytes                int
+}
+
+// DefaultLimits are the admin listener's: a request (its bodies are at most 64 kB) within 15 s,
+// its answer taken within 30 s (the history at its largest is a few MB), a keep-alive connection
+// idle for a minute at most, headers of 64 kB at most.
+var DefaultLimits = Limits{ReadHeader: 10 * time.Second, Read: 15 * time.Second, Write: 30 * time.Second,
+	Idle: time.Minute, MaxHeaderBytes: 64 << 10}
+
+// HTTPServer is the admin listener's http.Server for h, with these limits.
+func (l Limits) HTTPServer(h http.Handler, errorLog *log.Logger) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: l.ReadHeader, ReadTimeout: l.Read, WriteTimeout: l.Write,
+		IdleTimeout: l.Idle, MaxHeaderBytes: l.MaxHeaderBytes, ErrorLog: errorLog}
 }

@@ -225,7 +225,10 @@ type Admin struct {
 	// common name of a certificate without SANs) whose holders may make mutating calls; needs
 	// tls.admin.client_ca_file. With it, mutual TLS stands for the token off loopback.
 	Identities []string `yaml:"identities" json:"identities"`
-	History    History  `yaml:"history" json:"history"`
+	// Hosts are the host names (no port) the admin API answers for besides loopback names
+	// and IP addresses: a request whose Host is another name is refused 421 (DNS rebinding).
+	Hosts   []string `yaml:"hosts" json:"hosts"`
+	History History  `yaml:"history" json:"history"`
 }
 
 // HasToken reports whether a token is configured, in any of its three places.
@@ -233,27 +236,52 @@ func (a Admin) HasToken() bool { return a.Token != "" || a.TokenFile != "" || a.
 
 // ResolveToken returns the admin token: admin.token, else the content of admin.token_file
 // (surrounding space trimmed), else the value of the environment variable admin.token_env; ""
-// when none is set. A file or variable that is missing or empty is an error.
+// when none is set. A file or variable that is missing or empty is an error, and so is a token
+// anyone could guess (CheckToken).
 func (a Admin) ResolveToken() (string, error) {
+	var t, where string
 	switch {
 	case a.Token != "":
-		return a.Token, nil
+		t, where = a.Token, "admin.token"
 	case a.TokenFile != "":
 		data, err := os.ReadFile(a.TokenFile)
 		if err != nil {
 			return "", fmt.Errorf("admin.token_file: %w", err)
 		}
-		if t := strings.TrimSpace(string(data)); t != "" {
-			return t, nil
+		if t = strings.TrimSpace(string(data)); t == "" {
+			return "", fmt.Errorf("admin.token_file %s is empty", a.TokenFile)
 		}
-		return "", fmt.Errorf("admin.token_file %s is empty", a.TokenFile)
+		where = "admin.token_file " + a.TokenFile
 	case a.TokenEnv != "":
-		if t := os.Getenv(a.TokenEnv); t != "" {
-			return t, nil
+		if t = os.Getenv(a.TokenEnv); t == "" {
+			return "", fmt.Errorf("admin.token_env: the environment variable %s is not set or empty", a.TokenEnv)
 		}
-		return "", fmt.Errorf("admin.token_env: the environment variable %s is not set or empty", a.TokenEnv)
+		where = "admin.token_env " + a.TokenEnv
+	default:
+		return "", nil
 	}
-	return "", nil
+	if err := CheckToken(t); err != nil {
+		return "", fmt.Errorf("%s: %w", where, err)
+	}
+	return t, nil
+}
+
+// MinTokenBytes is the shortest admin token accepted: 32 bytes, as `openssl rand -hex 16`
+// prints (128 random bits).
+const MinTokenBytes = 32
+
+// CheckToken refuses an admin token anyone could guess: the examples' placeholder, or one
+// shorter than MinTokenBytes. The error says how to make one, and never repeats the token.
+func CheckToken(t string) error {
+	const how = "make one with `openssl rand -hex 32` (or `head -c 32 /dev/urandom | base64`)"
+	lower := strings.ToLower(t)
+	switch {
+	case strings.Contains(lower, "change-me"), strings.Contains(lower, "changeme"):
+		return fmt.Errorf("the token is a placeholder: %s", how)
+	case len(t) < MinTokenBytes:
+		return fmt.Errorf("the token is %d bytes, fewer than %d: %s", len(t), MinTokenBytes, how)
+	}
+	return nil
 }
 
 // OffLoopback reports whether a listen address (host:port) is reachable from other machines:

@@ -746,6 +746,14 @@ func TestHAConfig(t *testing.T) {
 			t.Errorf("want %q in %v", want, err)
 		}
 	}
+	// TLS files with a plaintext endpoint: the etcd client would dial it unencrypted.
+	_, err = Load([]byte("ha: {etcd: {endpoints: [\"https://etcd-0:2379\", \"http://etcd-1:2379\"], tls: {ca_file: ca.pem}}}\n" + twoEngines))
+	if err == nil || !strings.Contains(err.Error(), `ha.etcd.endpoints[1]: "http://etcd-1:2379" is plaintext but ha.etcd.tls is set`) || strings.Contains(err.Error(), "endpoints[0]") {
+		t.Errorf("an http:// endpoint beside ha.etcd.tls: %v", err)
+	}
+	if _, err := Load([]byte("ha: {etcd: {endpoints: [\"https://etcd-0:2379\"], tls: {ca_file: ca.pem}}}\n" + twoEngines)); err != nil {
+		t.Errorf("https with TLS: %v", err)
+	}
 }
 
 // A fleet that comes from discovery may start with no engines; a member that joins at run time
@@ -813,12 +821,18 @@ func TestTLSConfig(t *testing.T) {
 }
 
 // An admin API reachable from other machines needs a token; the token may come from a file or an
-// environment variable.
+// environment variable, and is at least 32 bytes and not the examples' placeholder wherever it
+// comes from (a weak one is refused with the way to make one, never repeating it).
 func TestAdminAccess(t *testing.T) {
+	const good = "0123456789abcdef0123456789abcdef" // 32 bytes
 	for src, want := range map[string]string{
-		"listen: {admin: \"0.0.0.0:9090\"}\n" + twoEngines:  "listen.admin: 0.0.0.0:9090 is reachable from other machines and the admin API has no token",
-		"listen: {admin: \"10.1.2.3:9090\"}\n" + twoEngines: "is reachable from other machines",
-		"admin: {token: a, token_env: B}\n" + twoEngines:    "admin.token: set one of token, token_file and token_env",
+		"admin: {token: x}\n" + twoEngines:                                       "admin.token: the token is 1 bytes, fewer than 32: make one with `openssl rand -hex 32`",
+		"admin: {token: change-me}\n" + twoEngines:                               "admin.token: the token is a placeholder",
+		"admin: {token: change-me-change-me-change-me-change-me}\n" + twoEngines: "admin.token: the token is a placeholder",
+		"admin: {hosts: [\"narwhal:9090\"]}\n" + twoEngines:                      "admin.hosts[0]: \"narwhal:9090\" is not a host name",
+		"listen: {admin: \"0.0.0.0:9090\"}\n" + twoEngines:                       "listen.admin: 0.0.0.0:9090 is reachable from other machines and the admin API has no token",
+		"listen: {admin: \"10.1.2.3:9090\"}\n" + twoEngines:                      "is reachable from other machines",
+		"admin: {token: a, token_env: B}\n" + twoEngines:                         "admin.token: set one of token, token_file and token_env",
 	} {
 		if _, err := Load([]byte(src)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want %q", src, err, want)
@@ -829,6 +843,7 @@ func TestAdminAccess(t *testing.T) {
 		"listen: {admin: \"localhost:9090\"}\n" + twoEngines,
 		"listen: {admin: \"[::1]:9090\"}\n" + twoEngines,
 		"listen: {admin: \"0.0.0.0:9090\"}\nadmin: {token_env: NARWHAL_TEST_TOKEN}\n" + twoEngines,
+		"admin: {token: " + good + ", hosts: [narwhal.llm.svc]}\n" + twoEngines,
 		// Mutual TLS with named identities stands for the token.
 		"listen: {admin: \"0.0.0.0:9090\"}\ntls: {admin: {cert_file: a.crt, key_file: a.key, client_ca_file: ca.crt}}\nadmin: {identities: [ops]}\n" + twoEngines,
 	} {
@@ -837,18 +852,26 @@ func TestAdminAccess(t *testing.T) {
 		}
 	}
 	file := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(file, []byte("  s3cret\n"), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte("  "+good+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("NARWHAL_TEST_TOKEN", "from-env")
+	weak := filepath.Join(t.TempDir(), "weak")
+	if err := os.WriteFile(weak, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NARWHAL_TEST_TOKEN", good+"-env")
+	t.Setenv("NARWHAL_TEST_WEAK", "change-me")
 	for _, tc := range []struct {
 		a    Admin
 		want string
 		err  string
 	}{
-		{Admin{Token: "t"}, "t", ""},
-		{Admin{TokenFile: file}, "s3cret", ""},
-		{Admin{TokenEnv: "NARWHAL_TEST_TOKEN"}, "from-env", ""},
+		{Admin{Token: good}, good, ""},
+		{Admin{Token: "t"}, "", "admin.token: the token is 1 bytes, fewer than 32"},
+		{Admin{TokenFile: file}, good, ""},
+		{Admin{TokenFile: weak}, "", "admin.token_file " + weak + ": the token is 6 bytes, fewer than 32"},
+		{Admin{TokenEnv: "NARWHAL_TEST_TOKEN"}, good + "-env", ""},
+		{Admin{TokenEnv: "NARWHAL_TEST_WEAK"}, "", "admin.token_env NARWHAL_TEST_WEAK: the token is a placeholder"},
 		{Admin{TokenEnv: "NARWHAL_TEST_UNSET"}, "", "NARWHAL_TEST_UNSET is not set"},
 		{Admin{TokenFile: file + ".missing"}, "", "admin.token_file"},
 		{Admin{}, "", ""},
@@ -856,6 +879,9 @@ func TestAdminAccess(t *testing.T) {
 		got, err := tc.a.ResolveToken()
 		if got != tc.want || (err == nil) != (tc.err == "") || err != nil && !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("%+v: %q %v, want %q %q", tc.a, got, err, tc.want, tc.err)
+		}
+		if err != nil && (strings.Contains(err.Error(), "s3cret") || strings.Contains(err.Error(), "change-me")) {
+			t.Errorf("%+v: the error repeats the token: %v", tc.a, err)
 		}
 	}
 }

@@ -5,7 +5,7 @@ package config
 func Default() *Config {
 	return &Config{
 		Listen: Listen{ExtProc: "127.0.0.1:9002", XDS: "127.0.0.1:18000", Admin: "127.0.0.1:9090"},
-		Admin:  Admin{Identities: []string{}, History: History{Samples: 3600, IntervalS: 1, Decisions: 1024}},
+		Admin:  Admin{Identities: []string{}, Hosts: []string{}, History: History{Samples: 3600, IntervalS: 1, Decisions: 1024}},
 		SLO:    SLO{TTFTS: 0.5, TPOTS: 0.05},
 		Router: Router{
 			Paths:               []string{"/v1/completions", "/v1/chat/completions"},

@@ -172,6 +172,16 @@ func (k *checker) adminAccess(c *Config) {
 	if n := btoi(a.Token != "") + btoi(a.TokenFile != "") + btoi(a.TokenEnv != ""); n > 1 {
 		k.add("admin.token", []string{"admin.token_file", "admin.token_env"}, "set one of token, token_file and token_env")
 	}
+	if a.Token != "" {
+		if err := CheckToken(a.Token); err != nil {
+			k.add("admin.token", []string{"admin.token_file"}, "%v; better, keep it out of the config: admin.token_file (a mounted secret) or admin.token_env", err)
+		}
+	}
+	for i, h := range a.Hosts {
+		if h == "" || strings.ContainsAny(h, ":/ @") {
+			k.add(fmt.Sprintf("admin.hosts[%d]", i), nil, "%q is not a host name: give the name alone, with no scheme or port (narwhal.llm.svc)", h)
+		}
+	}
 	if slices.ContainsFunc(k.out, func(f finding) bool { return f.Path == "listen.admin" }) {
 		return // the address itself is wrong: that is the problem to fix first
 	}
@@ -279,10 +289,15 @@ func (k *checker) ha(h HA) {
 	if h.Kubernetes.Namespace != "" && !IsName(h.Kubernetes.Name) {
 		k.add("ha.kubernetes.name", nil, "must be an object name, got %q", h.Kubernetes.Name)
 	}
+	tlsOn := h.Etcd.TLS != (EtcdTLS{})
 	for i, e := range h.Etcd.Endpoints {
 		u, err := url.Parse(e)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		switch {
+		case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
 			k.add(fmt.Sprintf("ha.etcd.endpoints[%d]", i), nil, "must be an http:// or https:// URL of an etcd client endpoint, got %q", e)
+		case tlsOn && u.Scheme == "http":
+			// The etcd client dials an http:// endpoint in plaintext whatever its TLS config says.
+			k.add(fmt.Sprintf("ha.etcd.endpoints[%d]", i), []string{"ha.etcd.tls"}, "%q is plaintext but ha.etcd.tls is set: the client would send the state and the lease to it unencrypted; use https://", e)
 		}
 	}
 	if !strings.HasPrefix(h.Etcd.Prefix, "/") {

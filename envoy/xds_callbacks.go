@@ -44,10 +44,9 @@ type callbacks struct {
 	sotw  map[int64]*streamState // the sotw and delta servers number their streams separately
 	delta map[int64]*streamState
 
-	access     access
-	refused    atomic.Uint64
-	logged     map[string]bool // the refusals logged (once each, up to maxLogged)
-	loggedFull bool            // maxLogged reached, and said
+	access  access
+	refused atomic.Uint64
+	logged  tlsfiles.Refusals // the refusals logged, once each
 }
 
 // access is who may open ADS streams: nil sets allow anyone.
@@ -55,9 +54,6 @@ type access struct {
 	nodes      map[string]bool // node ids (xds.nodes)
 	identities map[string]bool // client-certificate names (xds.identities)
 }
-
-// maxLogged bounds the refusals remembered as logged; beyond it they are counted only.
-const maxLogged = 1024
 
 type streamState struct {
 	node    string
@@ -71,7 +67,7 @@ var _ serverv3.Callbacks = (*callbacks)(nil)
 
 func newCallbacks(log *slog.Logger, m *xdsMetrics, classify func(string) string) *callbacks {
 	return &callbacks{log: log, metrics: m, classify: classify,
-		sotw: map[int64]*streamState{}, delta: map[int64]*streamState{}, logged: map[string]bool{}}
+		sotw: map[int64]*streamState{}, delta: map[int64]*streamState{}}
 }
 
 // refuse counts a refused stream, logs it the first time for this who and why, and returns the
@@ -79,22 +75,12 @@ func newCallbacks(log *slog.Logger, m *xdsMetrics, classify func(string) string)
 func (c *callbacks) refuse(who, why string, attrs ...any) error {
 	c.refused.Add(1)
 	c.metrics.refused.Inc()
-	key := why + "\x00" + who
-	c.mu.Lock()
-	first := !c.logged[key] && len(c.logged) < maxLogged
-	full := !first && !c.logged[key] && !c.loggedFull
-	if first {
-		c.logged[key] = true
-	}
-	if full {
-		c.loggedFull = true
-	}
-	c.mu.Unlock()
+	first, full := c.logged.Note(who, why)
 	switch {
 	case first:
 		c.log.Warn("xds: stream refused: this client gets no resources (logged once)", append([]any{"client", who, "why", why}, attrs...)...)
 	case full:
-		c.log.Warn("xds: more distinct clients refused than are logged one by one: further ones are only counted (narwhal_xds_refused_total)", "logged", maxLogged)
+		c.log.Warn("xds: more distinct clients refused than are logged one by one: further ones are only counted (narwhal_xds_refused_total)", "logged", tlsfiles.MaxLoggedRefusals)
 	}
 	return status.Errorf(codes.PermissionDenied, "narwhal: client %q %s", who, why)
 }

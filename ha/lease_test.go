@@ -23,9 +23,13 @@ func TestKubernetesLease(t *testing.T) {
 	c := s.AdminClients()
 	const ns = "narwhal"
 	c.Namespace(t, ns)
+	// The examples' Role (examples/kubernetes): only this Lease and this state ConfigMap, by
+	// name, and create for the first replica; no list. The election, the state's writes, reads
+	// and watch all run under it.
 	rules := []rbacv1.PolicyRule{
-		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
-		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "create", "update"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{"narwhal"}, Verbs: []string{"get", "update"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{"narwhal-state"}, Verbs: []string{"get", "watch", "update"}},
+		{APIGroups: []string{"coordination.k8s.io", ""}, Resources: []string{"leases", "configmaps"}, Verbs: []string{"create"}},
 	}
 	c.Grant(t, ns, "narwhal", rules...)
 	node := func(id string) *LeaseNode {

@@ -23,13 +23,18 @@ var ErrLocked = errors.New("state directory in use")
 // Acquire takes the state directory's lock (an OS file lock, flock, held for the process's
 // life and released by the kernel when it ends, so a lock file left by a dead process is no
 // obstacle) and writes this process's pid in it. A directory held by another process is an
-// error naming the directory and the holder's pid.
+// error naming the directory and the holder's pid. The directory is created 0700 (the state
+// names every engine); a lock file that is a symbolic link is refused, not followed: writing
+// the pid would truncate whatever it points to.
 func Acquire(dir string) (*Lock, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("state.dir %s: %w", dir, err)
 	}
 	path := filepath.Join(dir, LockName)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if errors.Is(err, syscall.ELOOP) {
+		return nil, fmt.Errorf("state.dir %s: %s is a symbolic link: narwhal does not follow it (remove it; serve creates the lock file itself)", dir, path)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("state.dir %s: %w", dir, err)
 	}

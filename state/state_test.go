@@ -236,6 +236,39 @@ func TestLock(t *testing.T) {
 	}
 }
 
+// The state directory is created 0700, and a lock file that is a symbolic link is refused
+// without touching what it points to (writing the pid truncates the lock file).
+func TestLockRefusesASymlink(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "st")
+	l, err := Acquire(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Release()
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("state dir mode %v %v, want 0700", fi.Mode().Perm(), err)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, LockName)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("lock file mode %v %v, want 0600", fi.Mode().Perm(), err)
+	}
+	target := filepath.Join(t.TempDir(), "precious")
+	if err := os.WriteFile(target, []byte("keep me\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, LockName)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, filepath.Join(dir, LockName)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Acquire(dir); err == nil || !strings.Contains(err.Error(), "is a symbolic link") {
+		t.Fatalf("a symlinked lock file: %v", err)
+	}
+	if data, _ := os.ReadFile(target); string(data) != "keep me\n" {
+		t.Fatalf("the link's target now holds %q", data)
+	}
+}
+
 // An in-place switch under way is durable with the decision that started it: after a restart
 // the switch ends with the role event naming that decision, as it would have without one.
 func TestSwitchUnderWayKeepsItsDecision(t *testing.T) {

@@ -37,7 +37,7 @@ type Server struct {
 	log   *slog.Logger
 
 	mu       sync.Mutex
-	seen     [3]stamp // of cert, key, client CA when last read (good or not)
+	seen     [3]FileStamp // of cert, key, client CA when last read (good or not)
 	cert     *tls.Certificate
 	leaf     *x509.Certificate
 	pool     *x509.CertPool // nil without a client CA
@@ -50,12 +50,23 @@ type Server struct {
 	refusals prometheus.Counter
 }
 
-// stamp identifies a file's content without reading it.
-type stamp struct {
+// FileStamp identifies a file's content without reading it: its size, modification time and
+// inode (or why stat failed). A file rewritten in place, renamed over, or a Kubernetes Secret's
+// directory swapped, changes it.
+type FileStamp struct {
 	size  int64
 	mtime time.Time
 	ino   uint64
 	err   string
+}
+
+// Stamp stats path.
+func Stamp(path string) FileStamp {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return FileStamp{err: err.Error()}
+	}
+	return FileStamp{size: fi.Size(), mtime: fi.ModTime(), ino: inode(fi)}
 }
 
 // NewServer reads files for the listener named by key (tls.extproc, say). A file that cannot be
@@ -100,25 +111,19 @@ func (s *Server) Register(reg prometheus.Registerer) {
 	}, func() float64 { return float64(s.Status().NotAfter.Unix()) }))
 }
 
-func (s *Server) stamps() [3]stamp {
-	var st [3]stamp
+func (s *Server) stamps() [3]FileStamp {
+	var st [3]FileStamp
 	for i, p := range []string{s.files.CertFile, s.files.KeyFile, s.files.ClientCAFile} {
-		if p == "" {
-			continue
+		if p != "" {
+			st[i] = Stamp(p)
 		}
-		fi, err := os.Stat(p)
-		if err != nil {
-			st[i].err = err.Error()
-			continue
-		}
-		st[i] = stamp{size: fi.Size(), mtime: fi.ModTime(), ino: inode(fi)}
 	}
 	return st
 }
 
 // load reads the files; on success they replace what is served. st is recorded as seen either
 // way, so that a bad change is reported once.
-func (s *Server) load(st [3]stamp) error {
+func (s *Server) load(st [3]FileStamp) error {
 	s.seen = st
 	cert, err := tls.LoadX509KeyPair(s.files.CertFile, s.files.KeyFile)
 	if err != nil {
@@ -166,12 +171,21 @@ func (s *Server) current() (*tls.Certificate, *x509.CertPool) {
 	return s.cert, s.pool
 }
 
+// AEADSuites are the TLS 1.2 cipher suites every listener offers: forward-secret AEAD only (no
+// CBC, no SHA-1 MAC, no RSA key exchange). TLS 1.3's suites are all AEAD, and not configurable.
+var AEADSuites = []uint16{
+	tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+	tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256, tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+}
+
 // Config returns the tls.Config of the listener: its certificate through GetCertificate, and for
 // mutual TLS a check of the client's certificate against the current client CA (chain, validity
 // dates, client-auth usage). Servers that add ALPN (gRPC, net/http) clone it.
 func (s *Server) Config() *tls.Config {
 	c := &tls.Config{
-		MinVersion: tls.VersionTLS12,
+		MinVersion:   tls.VersionTLS12,
+		CipherSuites: AEADSuites,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			cert, _ := s.current()
 			return cert, nil
@@ -290,4 +304,42 @@ func Allowed(chain []*x509.Certificate, allowed map[string]bool) bool {
 		}
 	}
 	return false
+}
+
+// MaxLoggedRefusals bounds the refused clients a Refusals remembers as logged; beyond it
+// refusals are counted only.
+const MaxLoggedRefusals = 1024
+
+// Refusals remembers which refusals were logged, so that a listener that refuses a client
+// (the xDS allow-lists, the admin API's token, identities, origins and hosts) logs each client
+// and reason once, and the memory stays bounded however many clients try. The zero value is
+// ready.
+type Refusals struct {
+	mu     sync.Mutex
+	logged map[string]bool
+	full   bool
+}
+
+// Note records a refusal of who for why. first: this is the first of that client and reason,
+// to be logged; full: the bound was reached with this one, to be said once (further refusals
+// are only counted).
+func (r *Refusals) Note(who, why string) (first, full bool) {
+	key := why + "\x00" + who
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.logged[key] {
+		return false, false
+	}
+	if len(r.logged) < MaxLoggedRefusals {
+		if r.logged == nil {
+			r.logged = map[string]bool{}
+		}
+		r.logged[key] = true
+		return true, false
+	}
+	if !r.full {
+		r.full = true
+		return false, true
+	}
+	return false, false
 }

@@ -316,3 +316,35 @@ func TestIdentities(t *testing.T) {
 		t.Fatal("a certificate for neither servers nor clients was issued")
 	}
 }
+
+// Every listener offers AEAD suites only: a TLS 1.2 client that offers nothing but CBC with a
+// SHA-1 MAC is refused at the handshake; one offering GCM gets through, and TLS 1.3 (all AEAD)
+// is unchanged.
+func TestAEADSuitesOnly(t *testing.T) {
+	p := newPKI(t)
+	s, err := NewServer("tls.admin", Files{CertFile: p.certFile, KeyFile: p.keyFile}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := echo(t, s.Config())
+	dial := func(suites []uint16, maxVersion uint16) error {
+		c := client(t, p, "", "")
+		c.CipherSuites, c.MaxVersion = suites, maxVersion
+		conn, err := roundTrip(addr, c)
+		if err == nil {
+			conn.Close()
+		}
+		return err
+	}
+	cbc := []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA, tls.TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA,
+		tls.TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA, tls.TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA}
+	if err := dial(cbc, tls.VersionTLS12); err == nil {
+		t.Error("a TLS 1.2 client offering only CBC-SHA1 suites got through")
+	}
+	if err := dial(AEADSuites, tls.VersionTLS12); err != nil {
+		t.Errorf("a TLS 1.2 client offering AEAD suites: %v", err)
+	}
+	if err := dial(nil, tls.VersionTLS13); err != nil {
+		t.Errorf("TLS 1.3: %v", err)
+	}
+}

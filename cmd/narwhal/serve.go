@@ -243,7 +243,7 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 			return nil, failureErr(err)
 		}
 	}
-	s.adm = admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Now: time.Now, Start: start, Logger: log,
+	s.adm = admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Registerer: reg, Now: time.Now, Start: start, Logger: log,
 		Router: s.live, Sizing: sizer.Errors, XDS: s.xds, Controller: s.roles, HA: haState, History: s.rec.Ring, Discovery: s.discoveryState(),
 		TLS: s.tls.status()})
 	s.grpcSrv = grpc.NewServer(append(extproc.GRPCServerOptions(cfg), s.tls.creds(s.tls.extproc)...)...)
@@ -252,7 +252,7 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	s.ext = extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: s.live, Sizer: sizer,
 		Metrics: extproc.NewMetrics(reg), Logger: log, StreamLimit: extproc.StreamLimit(cfg, f.Snapshot().Engines)})
 	s.ext.Register(s.grpcSrv)
-	s.adminSrv = &http.Server{Handler: s.adm, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	s.adminSrv = admin.DefaultLimits.HTTPServer(s.adm, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
 	if s.tls.admin != nil {
 		s.adminSrv.TLSConfig = s.tls.admin.Config()
 	}
