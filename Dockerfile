@@ -1,5 +1,7 @@
 # Multi-stage build: a static narwhal binary on a distroless base, run as non-root.
-FROM golang:1.26 AS build
+# Base images are pinned by digest, the tag beside it saying what it is: the digest decides which
+# image it is, and renewing one is a reviewed commit (docs/security.md, "Deploying").
+FROM golang:1.26@sha256:595c7847cff97c9a9e76f015083c481d26078f961c9c8dca3923132f51fe12f1 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
@@ -10,7 +12,7 @@ RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}"
 # (`narwhal certs --dir /etc/narwhal/tls` in the compose examples): a new volume takes its owner.
 RUN mkdir -p /out/tls
 
-FROM gcr.io/distroless/static-debian12:nonroot
+FROM gcr.io/distroless/static-debian12:nonroot@sha256:d093aa3e30dbadd3efe1310db061a14da60299baff8450a17fe0ccc514a16639
 COPY --from=build /out/narwhal /narwhal
 COPY --from=build --chown=65532:65532 /out/tls /etc/narwhal/tls
 USER 65532:65532

@@ -104,3 +104,22 @@ func hardenPod(p corev1.PodSpec, unpinned *regexp.Regexp) []string {
 }
 
 func dirOf(path string) string { return path[:strings.LastIndex(path, "/")] }
+
+// The Dockerfile's base images are pinned by digest (a tag moves; the digest decides which image
+// is built on), each with its tag beside it.
+func TestDockerfilePinsItsBases(t *testing.T) {
+	pinned := regexp.MustCompile(`^FROM [^\s@]+:[^\s@]+@sha256:[0-9a-f]{64}(\s|$)`)
+	n := 0
+	for _, line := range strings.Split(string(mustRead(t, "../Dockerfile")), "\n") {
+		if !strings.HasPrefix(line, "FROM ") {
+			continue
+		}
+		n++
+		if !pinned.MatchString(line) {
+			t.Errorf("Dockerfile: %q is not pinned by digest (FROM image:tag@sha256:...)", line)
+		}
+	}
+	if n == 0 {
+		t.Fatal("no FROM line in the Dockerfile")
+	}
+}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +24,7 @@ func newCerts(stdout io.Writer) *cobra.Command {
 		dir, envoyURI string
 		hosts         []string
 		days          int
+		adminToken    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "certs --dir DIR [--hosts NAMES]",
@@ -29,7 +32,8 @@ func newCerts(stdout io.Writer) *cobra.Command {
 		Long: "Writes into --dir: ca.crt (a new CA; its key is not kept), narwhal.crt and narwhal.key (the\n" +
 			"server certificate of tls.extproc, tls.xds and tls.admin, for --hosts), envoy.crt and envoy.key\n" +
 			"(Envoy's client certificate for mutual TLS: narwhal envoy-config --tls-cert, --tls-key). Keys are\n" +
-			"0600. When ca.crt is already there nothing is written (run it on every start).",
+			"0600. When ca.crt is already there nothing is written (run it on every start). With --admin-token\n" +
+			"it also writes admin.token (0600, 32 random bytes in hex, for admin.token_file) when it is not there.",
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if dir == "" {
@@ -41,12 +45,20 @@ func newCerts(stdout io.Writer) *cobra.Command {
 			if days < 1 {
 				return usageErr(fmt.Errorf("certs: --days must be >= 1, got %d", days))
 			}
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return failureErr(fmt.Errorf("certs: %w", err))
+			}
+			if adminToken {
+				switch wrote, err := writeAdminToken(filepath.Join(dir, "admin.token")); {
+				case err != nil:
+					return failureErr(fmt.Errorf("certs: %w", err))
+				case wrote:
+					fmt.Fprintf(stdout, "certs: wrote admin.token into %s (admin.token_file)\n", dir)
+				}
+			}
 			if _, err := os.Stat(filepath.Join(dir, "ca.crt")); err == nil {
 				fmt.Fprintf(stdout, "certs: %s already holds ca.crt: kept (remove the files to make new ones)\n", dir)
 				return nil
-			}
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				return failureErr(fmt.Errorf("certs: %w", err))
 			}
 			now := time.Now()
 			validity := time.Duration(days) * 24 * time.Hour
@@ -77,5 +89,28 @@ func newCerts(stdout io.Writer) *cobra.Command {
 	f.StringSliceVar(&hosts, "hosts", []string{"narwhal", "localhost", "127.0.0.1"}, "names and IPs Narwhal's certificate is for: the hosts Envoy and other clients dial")
 	f.StringVar(&envoyURI, "envoy-uri", "", "a URI SAN for Envoy's certificate (a SPIFFE ID, say) to list in xds.identities; the common name is \"envoy\" either way")
 	f.IntVar(&days, "days", 365, "validity of the certificates, days")
+	f.BoolVar(&adminToken, "admin-token", false, "also write admin.token, a new admin API token (admin.token_file), unless there is one")
 	return cmd
+}
+
+// writeAdminToken writes a new admin token (32 random bytes, hex) to path, 0600, unless a file
+// is there already (kept: it may be in use); it reports whether it wrote one.
+func writeAdminToken(path string) (bool, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	var b [32]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	_, err = f.WriteString(hex.EncodeToString(b[:]) + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(path)
+	}
+	return err == nil, err
 }

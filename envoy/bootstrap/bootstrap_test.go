@@ -60,15 +60,15 @@ func loadExample(t testing.TB, name string) *config.Config {
 }
 
 // haComposeOptions are the options of examples/envoy/envoy-ha-compose.yaml: two replicas.
-var haComposeOptions = bootstrap.Options{NarwhalHosts: []string{"narwhal-a", "narwhal-b"}, Admin: "0.0.0.0:9901", TLS: composeTLS}
+var haComposeOptions = bootstrap.Options{NarwhalHosts: []string{"narwhal-a", "narwhal-b"}, TLS: composeTLS}
 
 // composeTLS are Envoy's certificate files in the compose examples: the narwhal-tls volume
 // `narwhal certs` writes, mounted at /etc/envoy/tls.
 var composeTLS = bootstrap.ClientTLS{CAFile: "/etc/envoy/tls/ca.crt", CertFile: "/etc/envoy/tls/envoy.crt", KeyFile: "/etc/envoy/tls/envoy.key"}
 
 // composeOptions are the options of examples/envoy/envoy-compose.yaml: Narwhal is the compose
-// service "narwhal", and Envoy's admin is published on the host.
-var composeOptions = bootstrap.Options{NarwhalHosts: []string{"narwhal"}, Admin: "0.0.0.0:9901", TLS: composeTLS}
+// service "narwhal"; Envoy's admin stays on its container's loopback (the default).
+var composeOptions = bootstrap.Options{NarwhalHosts: []string{"narwhal"}, TLS: composeTLS}
 
 // generated lists every generated example: its file, the Narwhal config it is for, and the
 // options it was generated with.
@@ -200,6 +200,29 @@ type composeFile struct {
 	} `yaml:"services"`
 }
 
+// checkComposeExposure checks what a compose example opens (docs/security.md): every port
+// published on the host's loopback only (the admin API, Envoy's listener, Prometheus and Grafana
+// are not for the network the host is on), Envoy's admin (/quitquitquit among its calls)
+// published nowhere, and the admin token the one the certs service writes into the volume
+// (narwhal certs --admin-token), no default in a file.
+func checkComposeExposure(t *testing.T, name string, cf composeFile, cfg *config.Config) {
+	t.Helper()
+	for svcName, svc := range cf.Services {
+		for _, p := range svc.Ports {
+			if !strings.HasPrefix(p, "127.0.0.1:") {
+				t.Errorf("%s: services.%s publishes %q on every interface; bind it to 127.0.0.1", name, svcName, p)
+			}
+			if strings.HasSuffix(p, ":9901") {
+				t.Errorf("%s: services.%s publishes Envoy's admin (%s)", name, svcName, p)
+			}
+		}
+	}
+	if certs := strings.Join(cf.Services["certs"].Command, " "); !strings.Contains(certs, "--admin-token") ||
+		!strings.HasPrefix(cfg.Admin.TokenFile, "/etc/narwhal/tls/") || cfg.Admin.TokenEnv != "" || cfg.Admin.Token != "" {
+		t.Errorf("%s: the admin token is not the one certs --admin-token writes (certs: %q, admin %+v)", name, certs, cfg.Admin)
+	}
+}
+
 // checkComposeTLS checks the TLS wiring of a compose example whose Narwhal config is cfg: a
 // certs service writes `narwhal certs` into the narwhal-tls volume, for every host Envoy dials;
 // each Narwhal service mounts it where tls.* reads; Envoy mounts it where the bootstrap's files
@@ -219,7 +242,12 @@ func checkComposeTLS(t *testing.T, name string, cf composeFile, cfg *config.Conf
 	if !strings.HasPrefix(certs, "certs --dir "+dir+" --hosts ") {
 		t.Errorf("%s: services.certs.command is %q, want certs --dir %s --hosts ...", name, certs, dir)
 	}
-	hosts := strings.Split(certs[strings.LastIndex(certs, " ")+1:], ",")
+	var hosts []string
+	if args := cf.Services["certs"].Command; slices.Contains(args, "--hosts") {
+		if i := slices.Index(args, "--hosts"); i+1 < len(args) {
+			hosts = strings.Split(args[i+1], ",")
+		}
+	}
 	for _, h := range o.NarwhalHosts {
 		if !slices.Contains(hosts, h) {
 			t.Errorf("%s: the certificate is for %v, not for %s, the host Envoy dials", name, hosts, h)
@@ -263,6 +291,7 @@ func checkCompose(t *testing.T, data []byte) {
 			t.Errorf("docker-compose.yaml: services.%s does not publish port %d (ports %v)", svc, port, cf.Services[svc].Ports)
 		}
 	}
+	checkComposeExposure(t, "docker-compose.yaml", cf, cfg)
 	port := func(addr string) int {
 		i := strings.LastIndexByte(addr, ':')
 		n, err := strconv.Atoi(addr[i+1:])
@@ -321,9 +350,7 @@ func checkCompose(t *testing.T, data []byte) {
 	if got := mount("envoy", "/etc/envoy/envoy.yaml"); got != "envoy/envoy-compose.yaml" {
 		t.Errorf("docker-compose.yaml: envoy's config is %q, want envoy/envoy-compose.yaml", got)
 	}
-	opts := composeOptions
 	published("envoy", port(bootstrap.DefaultEnvoyListen))
-	published("envoy", port(opts.Admin))
 	bs, err := os.ReadFile(filepath.Join(examplesDir, "envoy/envoy-compose.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -331,7 +358,7 @@ func checkCompose(t *testing.T, data []byte) {
 	for _, want := range []string{
 		`socket_address: {address: "narwhal", port_value: ` + strconv.Itoa(port(cfg.Listen.ExtProc)) + `}`,
 		`socket_address: {address: "narwhal", port_value: ` + strconv.Itoa(port(cfg.Listen.XDS)) + `}`,
-		`socket_address: {address: "0.0.0.0", port_value: ` + strconv.Itoa(port(opts.Admin)) + `}`,
+		`socket_address: {address: "127.0.0.1", port_value: 9901}`,
 	} {
 		if !strings.Contains(string(bs), want) {
 			t.Errorf("envoy-compose.yaml lacks %s", want)
@@ -523,6 +550,7 @@ func checkHACompose(t *testing.T, data []byte) {
 	}
 	mounts("envoy", "./envoy/envoy-ha-compose.yaml", "/etc/envoy/envoy.yaml")
 	checkComposeTLS(t, "docker-compose-ha.yaml", cf, cfg, haComposeOptions)
+	checkComposeExposure(t, "docker-compose-ha.yaml", cf, cfg)
 	for _, e := range cfg.Engines {
 		host := e.Address[:strings.LastIndexByte(e.Address, ':')]
 		if _, ok := cf.Services[host]; !ok {
