@@ -300,6 +300,34 @@ func TestServeHealthEndToEnd(t *testing.T) {
 	if a := addressOf(st, "e4"); a != engines[3] {
 		t.Fatalf("e4 (configured %s) has address %q, want the resolved %s", named[3], a, engines[3])
 	}
+	// The default admin API (loopback, no token) is no way in for a web page (docs/security.md):
+	// a cross-origin drain is refused, and so is any call naming a host it does not serve.
+	for _, c := range []struct {
+		method, host, origin string
+		want                 int
+	}{{"POST", "", "http://evil.example", 403}, {"GET", "evil.example", "", 421}, {"POST", "evil.example", "", 421}} {
+		req, _ := http.NewRequest(c.method, "http://"+admin+"/narwhal/engines/e1/drain", nil)
+		if c.method == "GET" {
+			req.URL.Path = "/narwhal/state"
+		}
+		if c.host != "" {
+			req.Host = c.host
+		}
+		if c.origin != "" {
+			req.Header.Set("Origin", c.origin)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Fatalf("%s with Host %q, Origin %q: %d, want %d", c.method, c.host, c.origin, resp.StatusCode, c.want)
+		}
+	}
+	if st, _ := getState(admin); lifecycleOf(st, "e1") != "active" {
+		t.Fatalf("a refused call drained e1: %+v", st)
+	}
 
 	// Kill e3 (SIGKILL: no goodbye) and time how long narwhal takes to call it failed.
 	_ = procs[2].cmd.Process.Kill()
@@ -365,6 +393,14 @@ func TestServeErrors(t *testing.T) {
 	out, code = runBin(t, "serve", "--config", cfg)
 	if code != 2 || !strings.Contains(out, "NARWHAL_E2E_UNSET_TOKEN is not set") {
 		t.Fatalf("token variable unset: exit %d, output %q", code, out)
+	}
+	// A token anyone could guess, from wherever it comes: refused before serving, exit 2, with
+	// the way to make one, and without repeating it.
+	t.Setenv("NARWHAL_E2E_WEAK_TOKEN", "change-me")
+	cfg = writeConfig(t, e2eConfig("0.0.0.0:0", anyPort, anyPort, []string{"127.0.0.1:1"})+"controller: {min_prefill: 0, min_decode: 1}\nadmin: {token_env: NARWHAL_E2E_WEAK_TOKEN}\n")
+	out, code = runBin(t, "serve", "--config", cfg)
+	if code != 2 || !strings.Contains(out, "the token is a placeholder: make one with `openssl rand -hex 32`") || strings.Contains(out, "change-me") {
+		t.Fatalf("weak token: exit %d, output %q", code, out)
 	}
 	// Unreadable config: exit 2.
 	out, code = runBin(t, "serve", "--config", filepath.Join(t.TempDir(), "missing.yaml"))
@@ -598,7 +634,7 @@ func TestEnvoyCommands(t *testing.T) {
 	}{
 		{"envoy.yaml", nil},
 		{"envoy-full-duplex.yaml", []string{"--body-mode", "FULL_DUPLEX_STREAMED"}},
-		{"envoy-compose.yaml", []string{"--config", "../../examples/narwhal-compose.yaml", "--narwhal-host", "narwhal", "--admin", "0.0.0.0:9901",
+		{"envoy-compose.yaml", []string{"--config", "../../examples/narwhal-compose.yaml", "--narwhal-host", "narwhal",
 			"--tls-ca", "/etc/envoy/tls/ca.crt", "--tls-cert", "/etc/envoy/tls/envoy.crt", "--tls-key", "/etc/envoy/tls/envoy.key"}},
 	} {
 		out, code := runBin(t, append([]string{"envoy-config"}, c.args...)...)
