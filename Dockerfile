@@ -1,7 +1,7 @@
 # Multi-stage build: a static narwhal binary on a distroless base, run as non-root.
 # Base images are pinned by digest, the tag beside it saying what it is: the digest decides which
 # image it is, and renewing one is a reviewed commit (docs/security.md, "Deploying").
-FROM golang:1.26@sha256:595c7847cff97c9a9e76f015083c481d26078f961c9c8dca3923132f51fe12f1 AS build
+FROM golang:1.26.8@sha256:6c2a5538f964f1c82f97ad14988bf05de100d922d159d0e398b54c7b0ca0c6c9 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download

@@ -12,6 +12,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -84,11 +85,10 @@ func New(o Options) *Server {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	// With a token file the first call reads it again (seen is the zero stamp): a rotation
+	// between serve's read and this server's first call is not missed.
 	s := &Server{o: o, mux: http.NewServeMux(), hosts: map[string]bool{},
 		token: tokenSource{token: []byte(o.Config.Admin.Token), path: o.Config.Admin.TokenFile, log: o.Logger}}
-	if s.token.path != "" {
-		s.token.seen = tlsfiles.Stamp(s.token.path)
-	}
 	for _, h := range o.Config.Admin.Hosts {
 		s.hosts[strings.ToLower(strings.TrimSuffix(h, "."))] = true
 	}
@@ -356,7 +356,7 @@ func (s *Server) servesHost(hostport string) (string, bool) {
 	switch {
 	case host == "", host == "localhost", strings.HasSuffix(host, ".localhost"):
 		return host, true
-	case net.ParseIP(host) != nil:
+	case isIP(host):
 		return host, true
 	}
 	return host, s.hosts[host]
@@ -439,13 +439,20 @@ func (s *Server) standby(w http.ResponseWriter) bool {
 }
 
 // authorized checks the bearer token in constant time; with no token configured every call is.
+// A token file that never held a usable token authorizes nothing (it fails closed).
 func (s *Server) authorized(r *http.Request) bool {
 	token := s.token.current()
 	if len(token) == 0 {
-		return true
+		return s.token.path == ""
 	}
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	return ok && subtle.ConstantTimeCompare([]byte(got), token) == 1
+}
+
+// isIP reports whether host is an IP address (an IPv6 one with its zone too).
+func isIP(host string) bool {
+	_, err := netip.ParseAddr(host)
+	return err == nil
 }
 
 // tokenSource is the admin token: the one resolved at start (Config.Admin.Token), and with
@@ -465,10 +472,9 @@ func (t *tokenSource) current() []byte {
 	if t.path == "" {
 		return t.token
 	}
-	st := tlsfiles.Stamp(t.path)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if st != t.seen {
+	if st := tlsfiles.Stamp(t.path); st != t.seen {
 		t.seen = st
 		if tok, err := (config.Admin{TokenFile: t.path}).ResolveToken(); err != nil {
 			t.log.Error("admin.token_file changed but holds no usable token: the last good token still stands", "err", err)

@@ -93,6 +93,9 @@ func TestCrossOriginCallsChangeNothing(t *testing.T) {
 	if code, body := send("POST", "/narwhal/engines/e1/drain", "", map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": srv.URL}); code != 200 {
 		t.Errorf("same origin: %d %s", code, body)
 	}
+	if code, body := send("POST", "/narwhal/engines/e1/undrain", "", map[string]string{"Origin": srv.URL}); code != 409 && code != 200 {
+		t.Errorf("an older browser's same-origin call (Origin, no Sec-Fetch-Site): %d %s", code, body)
+	}
 	if code, body := send("POST", "/narwhal/engines", `{"id": "x2", "address": "127.0.0.1:8100"}`, map[string]string{"Content-Type": "application/json; charset=utf-8"}); code != 201 {
 		t.Errorf("curl's JSON: %d %s", code, body)
 	}
@@ -203,9 +206,39 @@ func TestTokenFileRotates(t *testing.T) {
 	if !strings.Contains(logs.String(), "admin: call refused") || !strings.Contains(logs.String(), "reason=token") {
 		t.Errorf("refused calls are not logged:\n%s", logs.String())
 	}
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	if pin(second) != 200 {
+		t.Fatal("a removed token file dropped the last good token")
+	}
 	for _, tok := range []string{first, second, "short"} {
 		if strings.Contains(logs.String(), tok) {
 			t.Fatalf("a token is in the log:\n%s", logs.String())
+		}
+	}
+
+	// A rotation between serve's read of the file and the server's first call is not missed.
+	write(first)
+	o.Config.Admin.Token = first
+	late := httptest.NewServer(New(o))
+	defer late.Close()
+	write(second)
+	if code, _ := call(t, "POST", late.URL+"/narwhal/engines/e1/pin", first, ""); code != 401 {
+		t.Errorf("the token replaced before the first call still passes: %d", code)
+	}
+	if code, _ := call(t, "POST", late.URL+"/narwhal/engines/e1/pin", second, ""); code != 200 {
+		t.Errorf("the token written before the first call: %d", code)
+	}
+
+	// A token file that never held a usable token authorizes nothing: it fails closed.
+	write("short")
+	o.Config.Admin.Token = ""
+	closed := httptest.NewServer(New(o))
+	defer closed.Close()
+	for _, tok := range []string{"", "short"} {
+		if code, _ := call(t, "POST", closed.URL+"/narwhal/engines/e1/pin", tok, ""); code != 401 {
+			t.Errorf("no usable token, call with %q: %d, want 401", tok, code)
 		}
 	}
 }

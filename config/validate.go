@@ -174,7 +174,7 @@ func (k *checker) adminAccess(c *Config) {
 	}
 	if a.Token != "" {
 		if err := CheckToken(a.Token); err != nil {
-			k.add("admin.token", []string{"admin.token_file"}, "%v; better, keep it out of the config: admin.token_file (a mounted secret) or admin.token_env", err)
+			k.add("admin.token", nil, "%v; better, keep it out of the config: admin.token_file (a mounted secret) or admin.token_env", err)
 		}
 	}
 	for i, h := range a.Hosts {

@@ -5,12 +5,15 @@ package ha
 import (
 	"context"
 	"errors"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
 
 	"github.com/narwhal-llm/narwhal/internal/kubetest"
 )
@@ -23,15 +26,10 @@ func TestKubernetesLease(t *testing.T) {
 	c := s.AdminClients()
 	const ns = "narwhal"
 	c.Namespace(t, ns)
-	// The examples' Role (examples/kubernetes): only this Lease and this state ConfigMap, by
-	// name, and create for the first replica; no list. The election, the state's writes, reads
+	// The examples' Role, read from the manifest (only this Lease and this state ConfigMap, by
+	// name, and create for the first replica; no list): the election, the state's writes, reads
 	// and watch all run under it.
-	rules := []rbacv1.PolicyRule{
-		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{"narwhal"}, Verbs: []string{"get", "update"}},
-		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{"narwhal-state"}, Verbs: []string{"get", "watch", "update"}},
-		{APIGroups: []string{"coordination.k8s.io", ""}, Resources: []string{"leases", "configmaps"}, Verbs: []string{"create"}},
-	}
-	c.Grant(t, ns, "narwhal", rules...)
+	c.Grant(t, ns, "narwhal", exampleRole(t).Rules...)
 	node := func(id string) *LeaseNode {
 		return NewLeaseNode(LeaseOptions{Client: kubernetes.NewForConfigOrDie(s.User(t, "narwhal")), Namespace: ns, Name: "narwhal", LeaseTTLS: 2, ID: id})
 	}
@@ -117,4 +115,25 @@ func TestKubernetesLease(t *testing.T) {
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// exampleRole is the Role of examples/kubernetes/narwhal-envoy.yaml (Lease and state named
+// narwhal and narwhal-state, as these tests use).
+func exampleRole(t *testing.T) rbacv1.Role {
+	t.Helper()
+	data, err := os.ReadFile("../examples/kubernetes/narwhal-envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		var r rbacv1.Role
+		if err := yaml.UnmarshalStrict([]byte(doc), &r); err == nil && r.Kind == "Role" {
+			if len(r.Rules) == 0 {
+				t.Fatal("the example Role has no rules")
+			}
+			return r
+		}
+	}
+	t.Fatal("no Role in examples/kubernetes/narwhal-envoy.yaml")
+	return rbacv1.Role{}
 }

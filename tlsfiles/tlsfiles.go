@@ -171,12 +171,15 @@ func (s *Server) current() (*tls.Certificate, *x509.CertPool) {
 	return s.cert, s.pool
 }
 
-// AEADSuites are the TLS 1.2 cipher suites every listener offers: forward-secret AEAD only (no
-// CBC, no SHA-1 MAC, no RSA key exchange). TLS 1.3's suites are all AEAD, and not configurable.
-var AEADSuites = []uint16{
-	tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
-	tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
-	tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256, tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+// AEADSuites returns the TLS 1.2 cipher suites every listener offers (a new slice each call):
+// forward-secret AEAD only (no CBC, no SHA-1 MAC, no RSA key exchange). TLS 1.3's suites are
+// all AEAD, and not configurable.
+func AEADSuites() []uint16 {
+	return []uint16{
+		tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+		tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+		tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256, tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+	}
 }
 
 // Config returns the tls.Config of the listener: its certificate through GetCertificate, and for
@@ -185,7 +188,7 @@ var AEADSuites = []uint16{
 func (s *Server) Config() *tls.Config {
 	c := &tls.Config{
 		MinVersion:   tls.VersionTLS12,
-		CipherSuites: AEADSuites,
+		CipherSuites: AEADSuites(),
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			cert, _ := s.current()
 			return cert, nil

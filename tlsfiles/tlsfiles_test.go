@@ -341,7 +341,7 @@ func TestAEADSuitesOnly(t *testing.T) {
 	if err := dial(cbc, tls.VersionTLS12); err == nil {
 		t.Error("a TLS 1.2 client offering only CBC-SHA1 suites got through")
 	}
-	if err := dial(AEADSuites, tls.VersionTLS12); err != nil {
+	if err := dial(AEADSuites(), tls.VersionTLS12); err != nil {
 		t.Errorf("a TLS 1.2 client offering AEAD suites: %v", err)
 	}
 	if err := dial(nil, tls.VersionTLS13); err != nil {

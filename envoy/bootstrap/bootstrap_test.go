@@ -387,6 +387,11 @@ func checkCompose(t *testing.T, data []byte) {
 			targets = append(targets, st.Targets...)
 		}
 	}
+	// Narwhal's admin answers only to the host names it serves (docs/security.md): the name
+	// Prometheus scrapes it by is one of admin.hosts.
+	if !slices.Contains(cfg.Admin.Hosts, "narwhal") {
+		t.Errorf("prometheus.yml scrapes narwhal:%d, but admin.hosts %v does not name narwhal: every scrape would get 421", port(cfg.Listen.Admin), cfg.Admin.Hosts)
+	}
 	want := []string{"narwhal:" + strconv.Itoa(port(cfg.Listen.Admin))}
 	for _, e := range cfg.Engines {
 		want = append(want, e.Address)
