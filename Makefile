@@ -13,7 +13,15 @@ KUBE_VERSION   := v1.37.2
 # The kube-apiserver the Kubernetes tests run (internal/kubeapiserver), built once into the user cache.
 KUBE_APISERVER ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/narwhal/kube-apiserver-$(KUBE_VERSION)
 
-.PHONY: all build run test test-kubernetes kube-apiserver lint fmt vet staticcheck browser screenshot bench bench-sim bench-control bench-control-random bench-burst bench-ha bench-profile fuzz check-long clean
+# llm-d's vLLM emulator and P/D routing sidecar (internal/llmd, from the Go module proxy), built
+# once into the user cache for the interop tests (docs/interop.md).
+LLMD_SIM_VERSION     := v0.10.2
+LLMD_SIDECAR_VERSION := v0.4.0
+LLMD_DIR             ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/narwhal
+LLMD_SIM             ?= $(LLMD_DIR)/llm-d-inference-sim-$(LLMD_SIM_VERSION)
+LLMD_SIDECAR         ?= $(LLMD_DIR)/pd-sidecar-$(LLMD_SIDECAR_VERSION)
+
+.PHONY: all build run test test-kubernetes kube-apiserver llmd test-interop lint fmt vet staticcheck browser screenshot bench bench-sim bench-control bench-control-random bench-burst bench-ha bench-profile fuzz check-long clean
 
 all: build
 
@@ -36,6 +44,21 @@ test-kubernetes: kube-apiserver
 	NARWHAL_KUBE_APISERVER=$(KUBE_APISERVER) $(GO) test $(TEST_FLAGS) -tags kubernetes -run 'Kubernetes' ./discovery ./ha ./examples ./cmd/narwhal
 
 kube-apiserver: $(KUBE_APISERVER)
+
+# Narwhal with llm-d's own components (docs/interop.md): the emulator as every engine, the
+# sidecar in front of each decode engine.
+test-interop: llmd
+	NARWHAL_LLMD_SIM=$(LLMD_SIM) NARWHAL_PD_SIDECAR=$(LLMD_SIDECAR) $(GO) test $(TEST_FLAGS) -tags interop -run 'Interop' ./cmd/narwhal
+
+llmd: $(LLMD_SIM) $(LLMD_SIDECAR)
+
+$(LLMD_SIM):
+	@mkdir -p $(dir $@)
+	cd internal/llmd/sim && $(GO) build -trimpath -o $@.tmp github.com/llm-d/llm-d-inference-sim/cmd/llm-d-inference-sim && mv $@.tmp $@
+
+$(LLMD_SIDECAR):
+	@mkdir -p $(dir $@)
+	cd internal/llmd/sidecar && $(GO) build -trimpath -o $@.tmp github.com/llm-d/llm-d-inference-scheduler/cmd/pd-sidecar && mv $@.tmp $@
 
 $(KUBE_APISERVER):
 	@mkdir -p $(dir $@)

@@ -1,0 +1,99 @@
+//go:build interop
+
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/narwhal-llm/narwhal/internal/llmdtest"
+	"github.com/narwhal-llm/narwhal/load"
+)
+
+// Interop tests run Narwhal with llm-d's own components as an llm-d user deploys them
+// (docs/interop.md; `make test-interop` builds them): the vLLM emulator llm-d-inference-sim as
+// every engine, and each decode engine behind llm-d's P/D routing sidecar, pd-sidecar, which
+// takes x-prefiller-host-port, runs the prefill leg on that prefiller (max_tokens 1,
+// kv_transfer_params do_remote_decode) and the decode leg on its own engine.
+
+// pdFleet is two prefill emulators addressed directly and two decode emulators behind their
+// sidecars, in Narwhal's config order e1, e2 (prefill), e3, e4 (decode).
+type pdFleet struct {
+	prefill, decode, sidecars []*llmdtest.Proc
+}
+
+func startPDFleet(t *testing.T) *pdFleet {
+	t.Helper()
+	tm := llmdtest.Timing{TimeToFirstToken: 20 * time.Millisecond, InterTokenLatency: 5 * time.Millisecond,
+		KVTransfer: 5 * time.Millisecond, MaxNumSeqs: 64}
+	f := &pdFleet{}
+	for _, name := range []string{"p1", "p2"} {
+		f.prefill = append(f.prefill, llmdtest.Sim(t, name, tm))
+	}
+	for _, name := range []string{"d1", "d2"} {
+		d := llmdtest.Sim(t, name, tm)
+		f.decode = append(f.decode, d)
+		f.sidecars = append(f.sidecars, llmdtest.Sidecar(t, name+"-sidecar", d))
+	}
+	return f
+}
+
+// addresses are the engines' addresses as Narwhal's config names them: the prefill emulators,
+// then the decode engines' sidecars.
+func (f *pdFleet) addresses() []string {
+	return []string{f.prefill[0].Addr, f.prefill[1].Addr, f.sidecars[0].Addr, f.sidecars[1].Addr}
+}
+
+// The happy path, proven from the engines' side: every request of a load through Narwhal is
+// answered, each placed disaggregated, and the prefill emulators served one prefill leg per
+// request (vllm:request_success_total{finish_reason="remote_decode"}) while the decode
+// emulators finished every request.
+func TestInteropPDThroughSidecars(t *testing.T) {
+	f := startPDFleet(t)
+	cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, f.addresses()))
+	admin, extproc, _ := start(t, "serve", "--config", cfg).serving(t)
+	waitFor(t, admin, 20*time.Second, "four active engines", allActive(4))
+
+	report := filepath.Join(t.TempDir(), "load.json")
+	var stdout, stderr bytes.Buffer
+	code := runBinTo(t, &stdout, &stderr, "load", "--config", cfg, "--extproc", extproc, "--admin", "http://"+admin,
+		"--model", llmdtest.Model, "--synthetic", "step", "--factor", "1", "--synthetic-rate", "10", "--synthetic-duration-s", "3",
+		"--every-s", "1", "--report", report)
+	if code != 0 {
+		t.Fatalf("load: exit %d\n%s\n%s", code, stdout.String(), stderr.String())
+	}
+	var sum load.Summary
+	if b, err := os.ReadFile(report); err != nil || json.Unmarshal(b, &sum) != nil {
+		t.Fatalf("report: %v", err)
+	}
+	if sum.Sent < 20 || sum.OK != sum.Sent || sum.Failed != 0 {
+		t.Fatalf("summary %+v\n%s", sum, stderr.String())
+	}
+	st, err := getStateAs[dispatchedView](admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var legs, finished float64
+	for _, p := range f.prefill {
+		legs += p.Counter(t, "vllm:request_success_total", "finish_reason=remote_decode")
+	}
+	for _, d := range f.decode {
+		finished += d.Counter(t, "vllm:request_success_total", "finish_reason=stop") + d.Counter(t, "vllm:request_success_total", "finish_reason=length")
+	}
+	if d := st.Counters.Dispatched.Disaggregated; d != uint64(sum.Sent) || legs != float64(d) || finished != float64(sum.Sent) {
+		t.Fatalf("%d sent, %d placed disaggregated; the prefill emulators served %v prefill legs, the decode emulators finished %v", sum.Sent, d, legs, finished)
+	}
+}
+
+// dispatchedView is /narwhal/state's placements by kind.
+type dispatchedView struct {
+	Counters struct {
+		Dispatched struct {
+			Disaggregated uint64 `json:"disaggregated"`
+		} `json:"dispatched"`
+	} `json:"counters"`
+}
