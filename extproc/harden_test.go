@@ -433,6 +433,43 @@ func TestPassiveHealth(t *testing.T) {
 	}
 }
 
+// Passive health blames the leg that failed: llm-d's P/D sidecar in front of a decode engine
+// answers a prefiller it cannot reach with a 502 without a body (docs/interop.md), and that
+// counts against the prefill engine the request named, not the decode engine that relayed it.
+// Before, a dead prefiller failed every healthy decode engine in turn (issue 33).
+func TestPassiveHealthBlamesTheLegThatFailed(t *testing.T) {
+	h := newHarness(t, relaxed(gateway.Mode{}), nil, "prefill", "prefill", "decode", "decode")
+	prefillerDown := func() *gateway.Response {
+		return &gateway.Response{Headers: gateway.NewResponseHeaders(502, http.Header{"Content-Length": {"0"}})}
+	}
+	dead := ""
+	for i := 0; i < h.cfg.Health.Passive.ConsecutiveFailures; i++ {
+		res, _ := h.exchange(context.Background(), completion, prefillerDown())
+		p := res.Headers.Get(wire.HeaderPrefiller)
+		if dead == "" {
+			dead = p
+		}
+		if p != dead {
+			t.Fatalf("request %d named prefiller %s before the ejection, want %s", i, p, dead)
+		}
+	}
+	for _, e := range h.fleet.Snapshot().Engines {
+		switch {
+		case e.Addr == dead && e.Lifecycle != fleet.Failed:
+			t.Errorf("the prefiller %s is %v after %d bodiless 502s, want failed", e.ID, e.Lifecycle, h.cfg.Health.Passive.ConsecutiveFailures)
+		case e.Addr != dead && e.Lifecycle != fleet.Active:
+			t.Errorf("%s (%v) is %v: one engine's death failed another", e.ID, e.Role, e.Lifecycle)
+		}
+	}
+	res, _ := h.exchange(context.Background(), completion, sse(`{"choices":[{"text":"a"}]}`))
+	if p := res.Headers.Get(wire.HeaderPrefiller); p == dead || p == "" {
+		t.Fatalf("after the ejection a request named prefiller %q", p)
+	}
+	if s := h.idle(); s.Counters.Ejections != 1 || s.Counters.Completed != 1 {
+		t.Fatalf("%+v", s.Counters)
+	}
+}
+
 // TestStreamLimit: streams beyond extproc.StreamLimit get a 503 overloaded reply, not a stall.
 func TestStreamLimit(t *testing.T) {
 	h := newHarness(t, relaxed(gateway.Mode{}), func(c *config.Config) { c.Router.WaitingSet.Capacity = 1 }, "prefill", "decode")

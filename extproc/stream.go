@@ -437,13 +437,15 @@ func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) {
 		st.reply(continueResponseHeaders(false))
 		return
 	}
-	var code, ctype string
+	var code, ctype, clen string
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		switch hv.GetKey() {
 		case ":status":
 			code = headerValue(hv)
 		case "content-type":
 			ctype = headerValue(hv)
+		case "content-length":
+			clen = headerValue(hv)
 		}
 	}
 	skip := !st.x.respDuplex // mode_override is refused in full duplex
@@ -452,6 +454,9 @@ func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) {
 		why := router.FailRequest
 		if len(code) == 3 && code[0] == '5' { // the engine failed it (or Envoy answered its reset)
 			why = router.FailUpstream
+			if h.GetEndOfStream() || clen == "0" { // no body: which leg failed is the router's call
+				why = router.FailUpstreamNoBody
+			}
 		}
 		st.settle("fail", st.s.placer.Fail(st.pl.handle, why))
 		st.reply(continueResponseHeaders(skip))

@@ -87,7 +87,7 @@ func TestConservationProperty(t *testing.T) {
 				}
 				return live[rapid.IntRange(0, len(live)-1).Draw(rt, "which")], true
 			}
-			op := rapid.SampledFrom([]string{"offer", "offer", "first", "complete", "fail", "upstream", "cancel", "tick", "fleet", "shutdown"}).Draw(rt, "op")
+			op := rapid.SampledFrom([]string{"offer", "offer", "first", "complete", "fail", "upstream", "nobody", "cancel", "tick", "fleet", "shutdown"}).Draw(rt, "op")
 			if op == "shutdown" && rapid.IntRange(0, 9).Draw(rt, "really") > 0 {
 				op = "tick"
 			}
@@ -105,7 +105,7 @@ func TestConservationProperty(t *testing.T) {
 				}
 			case "shutdown":
 				r.Shutdown(now)
-			case "first", "complete", "fail", "upstream", "cancel":
+			case "first", "complete", "fail", "upstream", "nobody", "cancel":
 				h, ok := pick()
 				if !ok {
 					continue
@@ -119,6 +119,8 @@ func TestConservationProperty(t *testing.T) {
 					_ = r.Fail(now, h, FailRequest)
 				case "upstream":
 					_ = r.Fail(now, h, FailUpstream)
+				case "nobody":
+					_ = r.Fail(now, h, FailUpstreamNoBody)
 				case "cancel":
 					_ = r.Cancel(now, h)
 				}

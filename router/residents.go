@@ -43,6 +43,17 @@ func (r *Router) destination(e *entry) int16 {
 	return e.decode
 }
 
+// blamed is the engine a bodiless upstream failure counts against (FailUpstreamNoBody): the
+// prefill engine of a disaggregated request sent to its decode engine, whose P/D sidecar
+// reports a prefill leg it could not run that way; else the destination. One engine's death
+// must not fail the engines that relay its failures.
+func (r *Router) blamed(e *entry) int16 {
+	if r.cfg.Handoff == config.HandoffDecode && !e.aggregate && e.prefill >= 0 && e.prefill != e.decode {
+		return e.prefill
+	}
+	return r.destination(e)
+}
+
 // endPrefill moves a prefilling entry to decoding.
 func (r *Router) endPrefill(t float64, e *entry, observed bool) {
 	p := &r.engines[e.prefill]
@@ -142,8 +153,11 @@ func (r *Router) Fail(now time.Time, h Handle, why Failure) error {
 		return err
 	}
 	r.counters.Failed++
-	if why == FailUpstream {
+	switch why {
+	case FailUpstream:
 		r.failUpstream(t, r.destination(e))
+	case FailUpstreamNoBody:
+		r.failUpstream(t, r.blamed(e))
 	}
 	r.finish(t, e, slot)
 	return nil

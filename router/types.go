@@ -154,6 +154,12 @@ const (
 	// FailUpstream: the engine failed the request (a 5xx, or a reset that Envoy answered with
 	// one). health.passive.consecutive_failures of them in a row eject the engine.
 	FailUpstream
+	// FailUpstreamNoBody: a 5xx without a body. On a disaggregated request sent to its decode
+	// engine (router.handoff: decode) it is the prefill leg's: llm-d's P/D sidecar answers a
+	// prefiller it could not reach with a bodiless 502, while its own engine's failures carry an
+	// error body (docs/interop.md). It counts against the prefill engine then, and as
+	// FailUpstream otherwise.
+	FailUpstreamNoBody
 )
 
 // Ejection is an engine taken out of placement by passive health checking: Failures upstream

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,4 +98,63 @@ type dispatchedView struct {
 			Disaggregated uint64 `json:"disaggregated"`
 		} `json:"dispatched"`
 	} `json:"counters"`
+}
+
+// A dead prefill engine fails only itself: with p1 killed under load, the decode engines'
+// sidecars answer the prefill legs they cannot run with a bodiless 502, which passive health
+// counts against p1; p1 is failed (passively, and by its own probe), the decode engines stay
+// active the whole time, and the requests after p1 is out are served. Before, the failures
+// counted against the decode engines: both were failed in turn and clients got 503
+// no_capacity (issue 33).
+func TestInteropDeadPrefillerFailsOnlyItself(t *testing.T) {
+	f := startPDFleet(t)
+	// The default probes (one a second, three to fail): passive health sees the data path's
+	// failures first, as it does in a deployment.
+	yaml := strings.Replace(e2eConfig(anyPort, anyPort, anyPort, f.addresses()),
+		"health: {interval_s: 0.1, timeout_s: 0.1, unhealthy_after: 3, healthy_after: 3, recover_s: 0.5}",
+		"health: {interval_s: 1, timeout_s: 0.5, unhealthy_after: 3, healthy_after: 3, recover_s: 10}", 1)
+	cfg := writeConfig(t, yaml)
+	srv := start(t, "serve", "--config", cfg)
+	admin, extproc, _ := srv.serving(t)
+	waitFor(t, admin, 20*time.Second, "four active engines", allActive(4))
+
+	report := filepath.Join(t.TempDir(), "load.json")
+	var stdout, stderr bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- runBinTo(t, &stdout, &stderr, "load", "--config", cfg, "--extproc", extproc, "--admin", "http://"+admin,
+			"--model", llmdtest.Model, "--synthetic", "step", "--factor", "1", "--synthetic-rate", "20", "--synthetic-duration-s", "6",
+			"--every-s", "1", "--report", report)
+	}()
+	waitFor(t, admin, 20*time.Second, "load under way", func(s stateView) bool { return s.Counters.Offers >= 20 })
+	f.prefill[0].Kill()
+	waitFor(t, admin, 10*time.Second, "e1 failed", func(s stateView) bool { return lifecycleOf(s, "e1") == "failed" })
+	if code := <-done; code != 0 {
+		t.Fatalf("load: exit %d\n%s\n%s", code, stdout.String(), stderr.String())
+	}
+	var sum load.Summary
+	if b, err := os.ReadFile(report); err != nil || json.Unmarshal(b, &sum) != nil {
+		t.Fatalf("report: %v", err)
+	}
+	st, err := getState(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"e2", "e3", "e4"} {
+		if l := lifecycleOf(st, id); l != "active" {
+			t.Errorf("%s is %s after e1 died", id, l)
+		}
+	}
+	if failed := regexp.MustCompile(`engine=e[234] from=\S+ to=failed`).FindString(srv.out.String()); failed != "" {
+		t.Errorf("a healthy engine was failed on the way (%s):\n%s", failed, srv.out.String())
+	}
+	if !regexp.MustCompile(`engine=e1 from=active to=failed`).MatchString(srv.out.String()) {
+		t.Errorf("the log does not show e1 failed:\n%s", srv.out.String())
+	}
+	// What fails is what was on p1 when it died, and what was sent to it before the ejection:
+	// a few requests, never a 503 for want of capacity.
+	t.Logf("p1 killed under 20 req/s: %d of %d requests served, statuses %v", sum.OK, sum.Sent, sum.Statuses)
+	if sum.Statuses[503] != 0 || sum.Sent-sum.OK > 15 {
+		t.Errorf("%d of %d requests not served (statuses %v)", sum.Sent-sum.OK, sum.Sent, sum.Statuses)
+	}
 }

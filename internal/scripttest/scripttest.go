@@ -128,7 +128,10 @@ func (d *Driver) request(td *datadriven.TestData, b *strings.Builder) {
 		err = d.Router.Complete(now, h, n)
 	case "fail":
 		why := router.FailRequest
-		if td.HasArg("upstream") {
+		switch {
+		case td.HasArg("upstream") && td.HasArg("nobody"):
+			why = router.FailUpstreamNoBody
+		case td.HasArg("upstream"):
 			why = router.FailUpstream
 		}
 		err = d.Router.Fail(now, h, why)
