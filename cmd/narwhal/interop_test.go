@@ -158,3 +158,54 @@ func TestInteropDeadPrefillerFailsOnlyItself(t *testing.T) {
 		t.Errorf("%d of %d requests not served (statuses %v)", sum.Sent-sum.OK, sum.Sent, sum.Statuses)
 	}
 }
+
+// A dead decode engine behind its sidecar is seen: the sidecar answers GET /health itself
+// (200 whatever its engine does) and passes every other path to the engine, so Narwhal probes a
+// path that reaches the engine (health.path: /v1/models, docs/interop.md). With d1 killed under
+// load, e3 (its sidecar) is failed, by its probes as by passive health (the sidecar's JSON 503),
+// and stays failed while d1 is gone; the other engines stay active and the requests after the
+// ejection are served.
+func TestInteropDeadDecodeEngineBehindItsSidecar(t *testing.T) {
+	f := startPDFleet(t)
+	yaml := strings.Replace(e2eConfig(anyPort, anyPort, anyPort, f.addresses()),
+		"health: {interval_s: 0.1,", "health: {path: /v1/models, interval_s: 0.1,", 1)
+	cfg := writeConfig(t, yaml)
+	srv := start(t, "serve", "--config", cfg)
+	admin, extproc, _ := srv.serving(t)
+	waitFor(t, admin, 20*time.Second, "four active engines", allActive(4))
+
+	report := filepath.Join(t.TempDir(), "load.json")
+	var stdout, stderr bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- runBinTo(t, &stdout, &stderr, "load", "--config", cfg, "--extproc", extproc, "--admin", "http://"+admin,
+			"--model", llmdtest.Model, "--synthetic", "step", "--factor", "1", "--synthetic-rate", "20", "--synthetic-duration-s", "6",
+			"--every-s", "1", "--report", report)
+	}()
+	waitFor(t, admin, 20*time.Second, "load under way", func(s stateView) bool { return s.Counters.Offers >= 20 })
+	f.decode[0].Kill()
+	waitFor(t, admin, 10*time.Second, "e3 failed", func(s stateView) bool { return lifecycleOf(s, "e3") == "failed" })
+	if code := <-done; code != 0 {
+		t.Fatalf("load: exit %d\n%s\n%s", code, stdout.String(), stderr.String())
+	}
+	var sum load.Summary
+	if b, err := os.ReadFile(report); err != nil || json.Unmarshal(b, &sum) != nil {
+		t.Fatalf("report: %v", err)
+	}
+	st, err := getState(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := lifecycleOf(st, "e3"); l != "failed" {
+		t.Errorf("e3, whose engine is gone, is %s: its probe does not reach the engine", l)
+	}
+	for _, id := range []string{"e1", "e2", "e4"} {
+		if l := lifecycleOf(st, id); l != "active" {
+			t.Errorf("%s is %s after d1 died", id, l)
+		}
+	}
+	t.Logf("d1 killed under 20 req/s: %d of %d requests served, statuses %v", sum.OK, sum.Sent, sum.Statuses)
+	if sum.Statuses[503] > 5 || sum.Sent-sum.OK > 15 {
+		t.Errorf("%d of %d requests not served (statuses %v)", sum.Sent-sum.OK, sum.Sent, sum.Statuses)
+	}
+}
