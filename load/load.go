@@ -248,7 +248,10 @@ func (r *run) body(i int, q sim.Request) []byte {
 		n -= k
 	}
 	out := max(q.OutputTokens, 1)
-	js, _ := json.Marshal(map[string]any{"model": r.o.Model, "prompt": b.String(), "max_tokens": out, "stream": true})
+	// Usage asked for, as a client that wants it does: vLLM streams usage only then, and
+	// Narwhal's sizing calibrates from it (docs/load.md).
+	js, _ := json.Marshal(map[string]any{"model": r.o.Model, "prompt": b.String(), "max_tokens": out, "stream": true,
+		"stream_options": map[string]any{"include_usage": true}})
 	return js
 }
 

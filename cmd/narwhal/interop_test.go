@@ -53,7 +53,10 @@ func (f *pdFleet) addresses() []string {
 // The happy path, proven from the engines' side: every request of a load through Narwhal is
 // answered, each placed disaggregated, and the prefill emulators served one prefill leg per
 // request (vllm:request_success_total{finish_reason="remote_decode"}) while the decode
-// emulators finished every request.
+// emulators finished every request. narwhal load names the model the engines serve (their
+// /v1/models) without --model, and asks for usage, which the emulator, like vLLM, streams only
+// when asked: Narwhal's sizing calibrates on every request. (Before, load sent model
+// narwhal-demo, which the emulator answers 404, and after 455 requests sizing had 1 sample.)
 func TestInteropPDThroughSidecars(t *testing.T) {
 	f := startPDFleet(t)
 	cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, f.addresses()))
@@ -63,10 +66,13 @@ func TestInteropPDThroughSidecars(t *testing.T) {
 	report := filepath.Join(t.TempDir(), "load.json")
 	var stdout, stderr bytes.Buffer
 	code := runBinTo(t, &stdout, &stderr, "load", "--config", cfg, "--extproc", extproc, "--admin", "http://"+admin,
-		"--model", llmdtest.Model, "--synthetic", "step", "--factor", "1", "--synthetic-rate", "10", "--synthetic-duration-s", "3",
+		"--synthetic", "step", "--factor", "1", "--synthetic-rate", "10", "--synthetic-duration-s", "3",
 		"--every-s", "1", "--report", report)
 	if code != 0 {
 		t.Fatalf("load: exit %d\n%s\n%s", code, stdout.String(), stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "load: model "+llmdtest.Model+" (GET /v1/models of engine e1") {
+		t.Errorf("load did not name the engines' model:\n%s", stderr.String())
 	}
 	var sum load.Summary
 	if b, err := os.ReadFile(report); err != nil || json.Unmarshal(b, &sum) != nil {
@@ -89,15 +95,31 @@ func TestInteropPDThroughSidecars(t *testing.T) {
 	if d := st.Counters.Dispatched.Disaggregated; d != uint64(sum.Sent) || legs != float64(d) || finished != float64(sum.Sent) {
 		t.Fatalf("%d sent, %d placed disaggregated; the prefill emulators served %v prefill legs, the decode emulators finished %v", sum.Sent, d, legs, finished)
 	}
+	if n := st.samples(llmdtest.Model); n < sum.Sent*9/10 {
+		t.Errorf("sizing calibrated on %d of %d requests: the streams carried no usage", n, sum.Sent)
+	}
 }
 
-// dispatchedView is /narwhal/state's placements by kind.
+// dispatchedView is /narwhal/state's placements by kind and its sizing samples by model.
 type dispatchedView struct {
 	Counters struct {
 		Dispatched struct {
 			Disaggregated uint64 `json:"disaggregated"`
 		} `json:"dispatched"`
 	} `json:"counters"`
+	Sizing []struct {
+		Model   string `json:"model"`
+		Samples int    `json:"samples"`
+	} `json:"sizing"`
+}
+
+func (v dispatchedView) samples(model string) int {
+	for _, s := range v.Sizing {
+		if s.Model == model {
+			return s.Samples
+		}
+	}
+	return 0
 }
 
 // A dead prefill engine fails only itself: with p1 killed under load, the decode engines'

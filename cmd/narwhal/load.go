@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -14,9 +15,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/envoy/bootstrap"
 	"github.com/narwhal-llm/narwhal/gateway"
 	"github.com/narwhal-llm/narwhal/load"
+	"github.com/narwhal-llm/narwhal/profiler"
 	"github.com/narwhal-llm/narwhal/sim"
 	"github.com/narwhal-llm/narwhal/tlsfiles"
 )
@@ -88,6 +91,9 @@ func newLoad(stdout, stderr io.Writer) *cobra.Command {
 			} else if tlsCA != "" || tlsCert != "" || tlsKey != "" {
 				return usageErr(errors.New("load: --tls-* given but the config serves no TLS (tls.extproc, tls.admin)"))
 			}
+			if !cmd.Flags().Changed("model") {
+				model = servedModel(cmd.Context(), cfg, stderr)
+			}
 			lis, err := net.Listen("tcp", listen)
 			if err != nil {
 				return failureErr(fmt.Errorf("load: --listen: %w", err))
@@ -124,7 +130,7 @@ func newLoad(stdout, stderr io.Writer) *cobra.Command {
 	f.StringVar(&tlsKey, "tls-key", "", "with mutual TLS: the client certificate's key")
 	f.StringVar(&listen, "listen", "127.0.0.1:0", "where the gateway also serves other clients while the run lasts (host:port)")
 	f.StringVar(&bodyMode, "body-mode", bootstrap.BodyBuffered, "the ext_proc request_body_mode played: "+bootstrap.BodyBuffered+" or "+bootstrap.BodyFullDuplex)
-	f.StringVar(&model, "model", "narwhal-demo", "the requests' model field")
+	f.StringVar(&model, "model", "", "the requests' model field (default: the first model the config's first engine that answers GET /v1/models serves, else "+defaultLoadModel+")")
 	f.StringVar(&reportPath, "report", "", "write the summary as JSON here")
 	f.Float64Var(&durationS, "duration-s", 0, "replay the first N seconds of the workload (after --rate-scale; 0: all)")
 	f.Float64Var(&everyS, "every-s", 5, "seconds between progress lines")
@@ -155,4 +161,27 @@ func lastArrival(reqs []sim.Request) float64 {
 		return 0
 	}
 	return reqs[len(reqs)-1].ArrivalS
+}
+
+// defaultLoadModel is load's model when no engine of the config says what it serves.
+const defaultLoadModel = "narwhal-demo"
+
+// servedModel is the model load's requests name when --model is not given: the first one the
+// first engine of the config that answers GET /v1/models serves (an engine answers 404 to a
+// model it does not serve, as vLLM and llm-d's emulator do), said on stderr; defaultLoadModel
+// when none answers.
+func servedModel(ctx context.Context, cfg *config.Config, stderr io.Writer) string {
+	for _, e := range cfg.Engines {
+		probe, err := profiler.NewEngine("http://"+e.Address, "")
+		if err != nil {
+			continue
+		}
+		probe.HTTP.Timeout = 2 * time.Second
+		if s, err := probe.Models(ctx); err == nil && len(s.Models) > 0 {
+			fmt.Fprintf(stderr, "load: model %s (GET /v1/models of engine %s; --model sets another)\n", s.Models[0], e.ID)
+			return s.Models[0]
+		}
+	}
+	fmt.Fprintf(stderr, "load: no engine of the config answered GET /v1/models: model %s (--model sets another)\n", defaultLoadModel)
+	return defaultLoadModel
 }
