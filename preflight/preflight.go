@@ -240,12 +240,26 @@ func pairChecks(ctx context.Context, o Options, up map[string]bool, add func(Che
 		h := http.Header{}
 		h.Set(header, named.Address)
 		id := x.p.ID + "→" + x.d.ID
+		// The named engine's side proves the handoff: it finishes a request (its leg) for each
+		// one sent through the other. An engine that ignores the header answers the request
+		// whole, and the answer alone cannot tell.
+		other, _ := profiler.NewEngine("http://"+named.Address, "")
+		other.HTTP.Timeout = o.Timeout
+		before, berr := other.Metrics(ctx)
 		tr, err := e.Stream(ctx, profiler.Request{Prompt: "The handoff check says hello.", MaxTokens: 2, Header: h})
 		if err != nil || len(tr.Tokens) == 0 {
 			add(Check{Check: "handoff", Engine: id, Detail: fmt.Sprintf("POST /v1/completions to %s with %s: %s: %v", to.ID, header, named.Address, orNoToken(err))})
 			continue
 		}
-		add(Check{Check: "handoff", Engine: id, OK: true, Detail: fmt.Sprintf("%s answered with %s: %s (%d tokens)", to.ID, header, named.Address, len(tr.Tokens))})
+		after, aerr := other.Metrics(ctx)
+		switch {
+		case berr != nil || aerr != nil || !before.HasFinished || !after.HasFinished:
+			add(Check{Check: "handoff", Engine: id, OK: true, Detail: fmt.Sprintf("%s answered with %s: %s (%d tokens); not proven on %s's side: it reports no vllm:request_success_total", to.ID, header, named.Address, len(tr.Tokens), named.ID)})
+		case after.Finished <= before.Finished:
+			add(Check{Check: "handoff", Engine: id, Detail: fmt.Sprintf("%s answered with %s: %s, but %s served no leg of it (vllm:request_success_total stayed at %g): %s did the whole request itself — with router.handoff decode, address the decode engine's P/D sidecar, not the engine (docs/preflight.md)", to.ID, header, named.Address, named.ID, after.Finished, to.ID)})
+		default:
+			add(Check{Check: "handoff", Engine: id, OK: true, Detail: fmt.Sprintf("%s answered with %s: %s (%d tokens), and %s served its leg", to.ID, header, named.Address, len(tr.Tokens), named.ID)})
+		}
 	}
 }
 

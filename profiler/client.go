@@ -228,6 +228,11 @@ type Metrics struct {
 	HasKVUsage       bool
 	// KVCapacity is num_gpu_blocks × block_size from vllm:cache_config_info, 0 when absent.
 	KVCapacity int
+	// Finished is vllm:request_success_total over every finish reason: the requests the engine
+	// has finished, a prefill leg it served for another engine among them (HasFinished: the
+	// engine reports it).
+	Finished    float64
+	HasFinished bool
 }
 
 // ErrNoMetrics: the engine has no /metrics with vLLM's names.
@@ -282,6 +287,9 @@ func ParseMetrics(r io.Reader) (Metrics, error) {
 			m.KVUsage, m.HasKVUsage = v, true
 			break
 		}
+	}
+	if v, ok := sum("vllm:request_success_total"); ok {
+		m.Finished, m.HasFinished = v, true
 	}
 	if f, ok := fams["vllm:cache_config_info"]; ok {
 		for _, x := range f.GetMetric() {

@@ -231,3 +231,50 @@ func TestInteropDeadDecodeEngineBehindItsSidecar(t *testing.T) {
 		t.Errorf("%d of %d requests not served (statuses %v)", sum.Sent-sum.OK, sum.Sent, sum.Statuses)
 	}
 }
+
+// Preflight proves a handoff from the prefiller's side: through the sidecars each pair's check
+// passes and names the prefill leg the prefiller served; with the decode emulators addressed
+// directly — they ignore x-prefiller-host-port and do the whole request — every pair fails,
+// saying so. (Before, both passed: the answer alone cannot tell, issue 33.)
+func TestInteropPreflightProvesTheHandoff(t *testing.T) {
+	f := startPDFleet(t)
+	handoffs := func(addrs []string) []preflightRow {
+		t.Helper()
+		// Advisory: the pairs of the configured roles only (a moving controller would pair every
+		// engine both ways, and in this topology a prefill engine has no sidecar to decode).
+		yaml := e2eConfig(anyPort, anyPort, anyPort, addrs) + "controller: {advisory: true}\n"
+		out, _ := runBinOut(t, "preflight", "--config", writeConfig(t, yaml), "--json")
+		var rows, hs []preflightRow
+		if err := json.Unmarshal([]byte(out), &rows); err != nil {
+			t.Fatalf("preflight --json: %v\n%s", err, out)
+		}
+		for _, r := range rows {
+			if r.Check == "handoff" && r.Engine != "" {
+				hs = append(hs, r)
+			}
+		}
+		if len(hs) != 4 {
+			t.Fatalf("%d handoff checks, want the 4 pairs:\n%s", len(hs), out)
+		}
+		return hs
+	}
+	for _, h := range handoffs(f.addresses()) {
+		if !h.OK || !strings.Contains(h.Detail, "served its leg") {
+			t.Errorf("through the sidecars, %s: %+v", h.Engine, h)
+		}
+	}
+	direct := []string{f.prefill[0].Addr, f.prefill[1].Addr, f.decode[0].Addr, f.decode[1].Addr}
+	for _, h := range handoffs(direct) {
+		if h.OK || !strings.Contains(h.Detail, "served no leg of it") || !strings.Contains(h.Detail, "P/D sidecar") {
+			t.Errorf("decode engines addressed directly, %s passed: %+v", h.Engine, h)
+		}
+	}
+}
+
+// preflightRow is one row of narwhal preflight --json.
+type preflightRow struct {
+	Check  string `json:"check"`
+	Engine string `json:"engine"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
