@@ -75,7 +75,8 @@ type EngineState struct {
 	Role             string            `json:"role"`
 	Lifecycle        string            `json:"lifecycle"`
 	Pinned           bool              `json:"pinned"`
-	Drained          bool              `json:"drained"` // held draining by an operator
+	Roles            []string          `json:"roles,omitempty"` // the one role it can play (engines[].roles), when limited
+	Drained          bool              `json:"drained"`         // held draining by an operator
 	RoleSince        string            `json:"role_since"`
 	LifecycleSince   string            `json:"lifecycle_since"`
 	PrefillResidents int               `json:"prefill_residents"`
@@ -140,6 +141,9 @@ func engineState(e *fleet.Engine) EngineState {
 	}
 	if e.InPlace {
 		es.Switch = config.SwitchSGLang
+	}
+	if e.Fixed {
+		es.Roles = []string{e.Role.String()}
 	}
 	if e.SwitchTo != 0 {
 		es.SwitchTo = e.SwitchTo.String()

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -531,6 +532,24 @@ type Engine struct {
 	// Switch is how the engine changes role: SwitchRouting (routing alone) or SwitchSGLang
 	// (held out of placement, drained, then told: POST /pd_role_switch).
 	Switch string `yaml:"switch" json:"switch"`
+	// Roles are the roles the engine can play; empty, both. In llm-d's topology a prefill
+	// engine has no P/D sidecar in front of it to decode for another, and a decode engine's
+	// sidecar sends every prefill elsewhere (docs/interop.md): each can play one role. An engine
+	// that can play one role keeps it, as a pinned one does, and cannot be unpinned.
+	Roles []string `yaml:"roles" json:"roles,omitempty"`
+}
+
+// CanPlay reports whether the engine can play role (engines[].roles).
+func (e *Engine) CanPlay(role string) bool {
+	return len(e.Roles) == 0 || slices.Contains(e.Roles, role)
+}
+
+// OnlyRole is the one role the engine can play, "" when it can play both.
+func (e *Engine) OnlyRole() string {
+	if len(e.Roles) == 1 {
+		return e.Roles[0]
+	}
+	return ""
 }
 
 // SwitchesInPlace reports whether the engine must be told to change role (switch: sglang).

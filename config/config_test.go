@@ -25,7 +25,7 @@ engines:
 // fourEngines is the embedded default's fleet.
 func fourEngines() []Engine {
 	e := func(id, addr, role string) Engine {
-		return Engine{ID: id, Address: addr, Role: role, Profile: DefaultProfileName, Switch: SwitchRouting}
+		return Engine{ID: id, Address: addr, Role: role, Profile: DefaultProfileName, Switch: SwitchRouting, Roles: []string{}}
 	}
 	return []Engine{
 		e("e1", "127.0.0.1:8001", RolePrefill),
@@ -315,7 +315,7 @@ engines:
   - {id: e1, address: "127.0.0.1:8001", role: prefill, profile: pre-only}
   - {id: e2, address: "127.0.0.1:8002", role: prefill, profile: pre-only}
 `,
-			line: `controller.min_decode: floor 1 cannot be met: engines whose profile has a decode curve: 0`},
+			line: `controller.min_decode: floor 1 cannot be met: engines that can play decode (a profile with its curve, engines[].roles): 0`},
 		{name: "profile lacks the role's curve", src: prefillOnly + `
 engines:
   - {id: e1, address: "127.0.0.1:8001", role: prefill, profile: pre-only}
@@ -900,5 +900,26 @@ func TestDefaultStateDir(t *testing.T) {
 	}
 	if got := (State{Dir: "here"}).StateDir(); got != "here" {
 		t.Errorf("state.dir set: %q", got)
+	}
+}
+
+// engines[].roles lists the roles an engine can play: known roles, each once, its role among
+// them; a member with one role and no role of its own takes it.
+func TestEngineRoles(t *testing.T) {
+	for src, want := range map[string]string{
+		"engines:\n  - {id: a, address: \"127.0.0.1:1\", role: prefill, roles: [decode]}\n  - {id: b, address: \"127.0.0.1:2\", role: decode}\n": "engines[0].role: prefill is not one of the roles the engine can play (decode)",
+		"engines:\n  - {id: a, address: \"127.0.0.1:1\", role: prefill, roles: [prefill, encode]}\n  - {id: b, address: \"127.0.0.1:2\", role: decode}\n": "engines[0].roles[1]",
+		"engines:\n  - {id: a, address: \"127.0.0.1:1\", role: prefill, roles: [prefill, prefill]}\n  - {id: b, address: \"127.0.0.1:2\", role: decode}\n": "engines[0].roles[1]: prefill is listed twice",
+	} {
+		if _, err := Load([]byte(src)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", src, err, want)
+		}
+	}
+	cfg := mustLoad(t, "engines:\n  - {id: a, address: \"127.0.0.1:1\", role: prefill, roles: [prefill]}\n  - {id: b, address: \"127.0.0.1:2\", role: decode, roles: [prefill, decode]}\n")
+	if cfg.Engines[0].OnlyRole() != RolePrefill || cfg.Engines[1].OnlyRole() != "" {
+		t.Fatalf("%+v", cfg.Engines)
+	}
+	if err := cfg.CheckMember(Engine{ID: "s", Address: "10.0.0.1:8000", Profile: DefaultProfileName, Roles: []string{RoleDecode}}); err != nil {
+		t.Fatalf("a member that can play decode only, with no role: %v", err)
 	}
 }

@@ -260,6 +260,9 @@ func (c *Config) CheckMember(e Engine) error {
 		k.oneOf("engine.switch", e.Switch, SwitchRouting, SwitchSGLang)
 	}
 	if e.Role == "" {
+		e.Role = e.OnlyRole()
+	}
+	if e.Role == "" {
 		if p, ok := c.Profiles[e.Profile]; ok && (!p.CanHold(RolePrefill) || !p.CanHold(RoleDecode)) {
 			k.add("engine.profile", nil, "profile %q cannot hold both roles, so the engine needs a role", e.Profile)
 		} else {
@@ -740,6 +743,18 @@ func (k *checker) engineAddress(p string, e Engine, i int, addrs map[string]int,
 // engineRole checks the role and the profile, and that the profile has the role's curve.
 func (k *checker) engineRole(p string, e Engine, profiles map[string]Profile) bool {
 	roleOK := k.oneOf(p+".role", e.Role, RolePrefill, RoleDecode)
+	for i, r := range e.Roles {
+		switch {
+		case !k.oneOf(fmt.Sprintf("%s.roles[%d]", p, i), r, RolePrefill, RoleDecode):
+			roleOK = false
+		case slices.Index(e.Roles, r) != i:
+			k.add(fmt.Sprintf("%s.roles[%d]", p, i), nil, "%s is listed twice", r)
+		}
+	}
+	if roleOK && len(e.Roles) > 0 && !slices.Contains(e.Roles, e.Role) {
+		k.add(p+".role", []string{p + ".roles"}, "%s is not one of the roles the engine can play (%s)", e.Role, strings.Join(e.Roles, ", "))
+		roleOK = false
+	}
 	prof, known := profiles[e.Profile]
 	switch {
 	case e.Profile == "":
@@ -773,7 +788,7 @@ func countFleet(engines []Engine, profiles map[string]Profile) fleetCounts {
 	fc := fleetCounts{pinned: map[string]int{}, canHold: map[string]int{}, unpinnedCanHold: map[string]int{}}
 	for _, e := range engines {
 		p := profiles[e.Profile]
-		pre, dec := p.CanHold(RolePrefill), p.CanHold(RoleDecode)
+		pre, dec := p.CanHold(RolePrefill) && e.CanPlay(RolePrefill), p.CanHold(RoleDecode) && e.CanPlay(RoleDecode)
 		if pre {
 			fc.canHold[RolePrefill]++
 		}
@@ -781,7 +796,7 @@ func countFleet(engines []Engine, profiles map[string]Profile) fleetCounts {
 			fc.canHold[RoleDecode]++
 		}
 		switch {
-		case e.Pinned:
+		case e.Pinned || e.OnlyRole() != "":
 			fc.pinned[e.Role]++
 		case pre && dec:
 			fc.both++
@@ -822,7 +837,7 @@ func (k *checker) floors(c Controller, engines []Engine, profiles map[string]Pro
 	reported := false
 	for _, f := range floors {
 		if have := fc.canHold[f.role]; have < f.min {
-			k.add("controller.min_"+f.role, deps, "floor %d cannot be met: engines whose profile has a %s curve: %d",
+			k.add("controller.min_"+f.role, deps, "floor %d cannot be met: engines that can play %s (a profile with its curve, engines[].roles): %d",
 				f.min, f.role, have)
 			reported = true
 		}

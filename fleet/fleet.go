@@ -88,7 +88,7 @@ func New(cfg *config.Config, now time.Time) (*Fleet, error) {
 		f.index[ce.ID] = len(f.engines)
 		f.engines = append(f.engines, Engine{
 			ID: ce.ID, Address: ce.Address, Addr: ce.Address, Profile: ce.Profile, InPlace: ce.SwitchesInPlace(),
-			Role: role, Lifecycle: Active, Pinned: ce.Pinned,
+			Role: role, Lifecycle: Active, Pinned: ce.Pinned || ce.OnlyRole() != "", Fixed: ce.OnlyRole() != "",
 			RoleSince: now, LifecycleSince: now, Source: SourceConfig,
 		})
 	}
@@ -189,6 +189,9 @@ func (f *Fleet) SetPinned(id string, pinned bool, now time.Time, cause string) (
 	return f.update(id, func(e *Engine) ([]Event, error) {
 		if e.Pinned == pinned {
 			return nil, nil
+		}
+		if e.Fixed {
+			return nil, fmt.Errorf("%w: engine %s can play %s only (engines[].roles): it stays pinned", ErrTransition, e.ID, e.Role)
 		}
 		e.Pinned = pinned
 		return []Event{{Time: now, Kind: EventPin, Engine: e.ID, Pinned: pinned, Cause: cause}}, nil
@@ -383,6 +386,9 @@ func (f *Fleet) Restore(saved []Engine) (unknown []string, err error) {
 			continue
 		}
 		e := &f.engines[i]
+		if e.Fixed && s.Role != e.Role { // saved before its roles were limited: it keeps the one it can play
+			s.Role, s.SwitchTo = e.Role, 0
+		}
 		e.Role, e.RoleSince, e.Moved = s.Role, s.RoleSince, s.Moved
 		e.Lifecycle, e.LifecycleSince, e.Held = s.Lifecycle, s.LifecycleSince, s.Held
 		e.SwitchTo, e.SwitchCause, e.SwitchDecision = s.SwitchTo, s.SwitchCause, s.SwitchDecision
@@ -408,6 +414,9 @@ func (f *Fleet) Restore(saved []Engine) (unknown []string, err error) {
 // and RoleOpen (the controller readmits it in the role pricing says is needed). ce must be a
 // checked member (config.CheckMember); an id or an address the fleet already has is refused.
 func (f *Fleet) Add(ce config.Engine, source string, now time.Time) (Engine, error) {
+	if ce.Role == "" { // an engine that can play one role has it
+		ce.Role = ce.OnlyRole()
+	}
 	role, open := Decode, ce.Role == ""
 	if !open {
 		r, err := ParseRole(ce.Role)
@@ -428,7 +437,7 @@ func (f *Fleet) Add(ce config.Engine, source string, now time.Time) (Engine, err
 	}
 	e := Engine{
 		ID: ce.ID, Address: ce.Address, Addr: ce.Address, Profile: ce.Profile, InPlace: ce.SwitchesInPlace(),
-		Role: role, RoleOpen: open, Lifecycle: Recovering, Pinned: ce.Pinned,
+		Role: role, RoleOpen: open, Lifecycle: Recovering, Pinned: ce.Pinned || ce.OnlyRole() != "", Fixed: ce.OnlyRole() != "",
 		RoleSince: now, LifecycleSince: now, Source: source,
 	}
 	f.index[e.ID] = len(f.engines)

@@ -535,3 +535,37 @@ func TestMoveEventsCarryTheDecision(t *testing.T) {
 		t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// An engine that can play one role (engines[].roles) keeps it as a pinned one does, for good:
+// it cannot be moved, nor unpinned, and a state saved before its roles were limited does not
+// give it the other role; added at run time without a role, it takes the one it can play.
+func TestOneRole(t *testing.T) {
+	c := testConfig()
+	c.Engines[0].Roles = []string{config.RolePrefill}
+	f, err := New(c, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t1 := t0.Add(time.Minute)
+	if e, _ := f.Engine("e1"); !e.Pinned || !e.Fixed || e.Role != Prefill {
+		t.Fatalf("e1: %+v", e)
+	}
+	if _, err := f.SetRole("e1", Decode, t1, "x"); !errors.Is(err, ErrTransition) {
+		t.Fatalf("moved an engine that can play prefill only: %v", err)
+	}
+	if _, err := f.SetPinned("e1", false, t1, "admin"); !errors.Is(err, ErrTransition) || !strings.Contains(err.Error(), "engines[].roles") {
+		t.Fatalf("unpinned an engine that can play prefill only: %v", err)
+	}
+	saved := f.Snapshot().Engines
+	saved[0].Role = Decode // a state from before its roles were limited
+	if _, err := f.Restore(saved); err != nil {
+		t.Fatal(err)
+	}
+	if e, _ := f.Engine("e1"); e.Role != Prefill || !e.Pinned {
+		t.Fatalf("restored: %+v", e)
+	}
+	e, err := f.Add(config.Engine{ID: "s1", Address: "10.0.0.9:8000", Profile: config.DefaultProfileName, Roles: []string{config.RoleDecode}}, "admin", t1)
+	if err != nil || e.Role != Decode || e.RoleOpen || !e.Fixed {
+		t.Fatalf("added: %+v %v", e, err)
+	}
+}

@@ -131,6 +131,8 @@ type Engine struct {
 	Role      Role
 	Lifecycle Lifecycle
 	Pinned    bool
+	// Fixed: the engine can play its role only (engines[].roles): it is pinned, for good.
+	Fixed bool
 	// Held reports an operator drain: the health monitor leaves a held engine draining.
 	Held bool
 	// RoleSince is when the role last changed (the start time for engines never moved).

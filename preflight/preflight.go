@@ -204,7 +204,9 @@ func abs(x float64) float64 {
 func pairChecks(ctx context.Context, o Options, up map[string]bool, add func(Check)) {
 	cfg := o.Config
 	moves := !cfg.Controller.Advisory // the controller may give any engine not pinned either role
-	can := func(e config.Engine, role string) bool { return up[e.ID] && (e.Role == role || moves && !e.Pinned) }
+	can := func(e config.Engine, role string) bool {
+		return up[e.ID] && (e.Role == role || moves && !e.Pinned && e.CanPlay(role))
+	}
 	type pair struct{ p, d config.Engine }
 	var all []pair
 	for _, p := range cfg.Engines {

@@ -235,14 +235,13 @@ func TestInteropDeadDecodeEngineBehindItsSidecar(t *testing.T) {
 // Preflight proves a handoff from the prefiller's side: through the sidecars each pair's check
 // passes and names the prefill leg the prefiller served; with the decode emulators addressed
 // directly — they ignore x-prefiller-host-port and do the whole request — every pair fails,
-// saying so. (Before, both passed: the answer alone cannot tell, issue 33.)
+// saying so. (Before, both passed: the answer alone cannot tell, issue 33.) With each engine
+// limited to the role it can play, only those pairs are made, though the controller moves roles
+// (without the limit it would pair every engine both ways, and those pairs fail or hang).
 func TestInteropPreflightProvesTheHandoff(t *testing.T) {
 	f := startPDFleet(t)
-	handoffs := func(addrs []string) []preflightRow {
+	handoffs := func(yaml string) []preflightRow {
 		t.Helper()
-		// Advisory: the pairs of the configured roles only (a moving controller would pair every
-		// engine both ways, and in this topology a prefill engine has no sidecar to decode).
-		yaml := e2eConfig(anyPort, anyPort, anyPort, addrs) + "controller: {advisory: true}\n"
 		out, _ := runBinOut(t, "preflight", "--config", writeConfig(t, yaml), "--json")
 		var rows, hs []preflightRow
 		if err := json.Unmarshal([]byte(out), &rows); err != nil {
@@ -258,13 +257,17 @@ func TestInteropPreflightProvesTheHandoff(t *testing.T) {
 		}
 		return hs
 	}
-	for _, h := range handoffs(f.addresses()) {
+	// Each engine can play its role only (engines[].roles): a prefill engine has no sidecar to
+	// decode for another, and a sidecar sends every prefill elsewhere. Preflight pairs those
+	// roles alone, the controller moving roles or not.
+	oneRole := strings.NewReplacer("role: prefill}", "role: prefill, roles: [prefill]}", "role: decode}", "role: decode, roles: [decode]}")
+	for _, h := range handoffs(oneRole.Replace(e2eConfig(anyPort, anyPort, anyPort, f.addresses()))) {
 		if !h.OK || !strings.Contains(h.Detail, "served its leg") {
 			t.Errorf("through the sidecars, %s: %+v", h.Engine, h)
 		}
 	}
 	direct := []string{f.prefill[0].Addr, f.prefill[1].Addr, f.decode[0].Addr, f.decode[1].Addr}
-	for _, h := range handoffs(direct) {
+	for _, h := range handoffs(e2eConfig(anyPort, anyPort, anyPort, direct) + "controller: {advisory: true}\n") {
 		if h.OK || !strings.Contains(h.Detail, "served no leg of it") || !strings.Contains(h.Detail, "P/D sidecar") {
 			t.Errorf("decode engines addressed directly, %s passed: %+v", h.Engine, h)
 		}
