@@ -907,8 +907,8 @@ func TestDefaultStateDir(t *testing.T) {
 // them; a member with one role and no role of its own takes it.
 func TestEngineRoles(t *testing.T) {
 	for src, want := range map[string]string{
-		"engines:\n  - {id: a, address: \"127.0.0.1:1\", role: prefill, roles: [decode]}\n  - {id: b, address: \"127.0.0.1:2\", role: decode}\n": "engines[0].role: prefill is not one of the roles the engine can play (decode)",
-		"engines:\n  - {id: a, address: \"127.0.0.1:1\", role: prefill, roles: [prefill, encode]}\n  - {id: b, address: \"127.0.0.1:2\", role: decode}\n": "engines[0].roles[1]",
+		"engines:\n  - {id: a, address: \"127.0.0.1:1\", role: prefill, roles: [decode]}\n  - {id: b, address: \"127.0.0.1:2\", role: decode}\n":           "engines[0].role: prefill is not one of the roles the engine can play (decode)",
+		"engines:\n  - {id: a, address: \"127.0.0.1:1\", role: prefill, roles: [prefill, encode]}\n  - {id: b, address: \"127.0.0.1:2\", role: decode}\n":  "engines[0].roles[1]",
 		"engines:\n  - {id: a, address: \"127.0.0.1:1\", role: prefill, roles: [prefill, prefill]}\n  - {id: b, address: \"127.0.0.1:2\", role: decode}\n": "engines[0].roles[1]: prefill is listed twice",
 	} {
 		if _, err := Load([]byte(src)); err == nil || !strings.Contains(err.Error(), want) {
