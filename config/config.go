@@ -537,6 +537,17 @@ type Engine struct {
 	// sidecar sends every prefill elsewhere (docs/interop.md): each can play one role. An engine
 	// that can play one role keeps it, as a pinned one does, and cannot be unpinned.
 	Roles []string `yaml:"roles" json:"roles,omitempty"`
+	// Health is where this engine's probe goes, when not health.path on its own port: behind
+	// llm-d's P/D sidecar, which answers GET /health itself whatever its engine does, the
+	// engine's own port (docs/interop.md).
+	Health EngineHealth `yaml:"health" json:"health"`
+}
+
+// EngineHealth is one engine's probe target: Path ("" = health.path) on Port (0 = the port of
+// the engine's address), on the engine's host.
+type EngineHealth struct {
+	Path string `yaml:"path" json:"path"`
+	Port int    `yaml:"port" json:"port"`
 }
 
 // CanPlay reports whether the engine can play role (engines[].roles).

@@ -259,6 +259,7 @@ func (c *Config) CheckMember(e Engine) error {
 	if e.Switch != "" {
 		k.oneOf("engine.switch", e.Switch, SwitchRouting, SwitchSGLang)
 	}
+	k.engineHealth("engine", e.Health)
 	if e.Role == "" {
 		e.Role = e.OnlyRole()
 	}
@@ -709,6 +710,7 @@ func (k *checker) engines(engines []Engine, profiles map[string]Profile) bool {
 			k.oneOf(p+".switch", e.Switch, SwitchRouting, SwitchSGLang)
 		}
 		ok = k.engineRole(p, e, profiles) && ok
+		k.engineHealth(p, e.Health)
 	}
 	return ok
 }
@@ -741,6 +743,16 @@ func (k *checker) engineAddress(p string, e Engine, i int, addrs map[string]int,
 }
 
 // engineRole checks the role and the profile, and that the profile has the role's curve.
+// engineHealth checks an engine's probe target: a path that starts with /, a port in range.
+func (k *checker) engineHealth(p string, h EngineHealth) {
+	if h.Path != "" && !strings.HasPrefix(h.Path, "/") {
+		k.add(p+".health.path", nil, "must start with /, got %q", h.Path)
+	}
+	if h.Port < 0 || h.Port > 65535 {
+		k.add(p+".health.port", nil, "must be 1-65535 (0: the engine's own port), got %d", h.Port)
+	}
+}
+
 func (k *checker) engineRole(p string, e Engine, profiles map[string]Profile) bool {
 	roleOK := k.oneOf(p+".role", e.Role, RolePrefill, RoleDecode)
 	for i, r := range e.Roles {

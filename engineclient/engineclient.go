@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
 )
 
@@ -23,6 +24,9 @@ type HTTPProber struct {
 	Client   *http.Client
 	Path     string
 	Resolver *net.Resolver // nil: net.DefaultResolver
+	// Targets are the engines whose probe goes elsewhere than Path on their own port
+	// (engines[].health), by configured address.
+	Targets map[string]config.EngineHealth
 }
 
 // Probe implements controller.Prober.
@@ -31,7 +35,16 @@ func (p *HTTPProber) Probe(ctx context.Context, address string) (netip.AddrPort,
 	if err != nil {
 		return netip.AddrPort{}, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ap.String()+p.Path, nil)
+	target, path := ap, p.Path
+	if t, ok := p.Targets[address]; ok {
+		if t.Port != 0 {
+			target = netip.AddrPortFrom(ap.Addr(), uint16(t.Port))
+		}
+		if t.Path != "" {
+			path = t.Path
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+target.String()+path, nil)
 	if err != nil {
 		return ap, err
 	}
@@ -42,7 +55,7 @@ func (p *HTTPProber) Probe(ctx context.Context, address string) (netip.AddrPort,
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	_ = resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return ap, fmt.Errorf("health: %s answered %s", ap, resp.Status)
+		return ap, fmt.Errorf("health: %s%s answered %s", target, path, resp.Status)
 	}
 	return ap, nil
 }

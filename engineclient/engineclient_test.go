@@ -4,10 +4,12 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
 )
 
@@ -55,6 +57,39 @@ func TestHTTPProber(t *testing.T) {
 	}
 	if _, err := p.Probe(context.Background(), "no-port"); err == nil {
 		t.Fatal("an address without a port was probed")
+	}
+}
+
+// An engine with a probe target of its own (engines[].health) is probed there — its engine's
+// port behind a sidecar that answers /health itself, or another path — and the address
+// returned is still the engine's, where placements go.
+func TestHTTPProberTargets(t *testing.T) {
+	sidecar := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})) // 200 to anything
+	defer sidecar.Close()
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			return
+		}
+		w.WriteHeader(http.StatusServiceUnavailable) // its own /health: the engine is down
+	}))
+	defer engine.Close()
+	sAddr, eAddr := strings.TrimPrefix(sidecar.URL, "http://"), strings.TrimPrefix(engine.URL, "http://")
+	ePort, _ := strconv.Atoi(eAddr[strings.LastIndexByte(eAddr, ':')+1:])
+	p := &HTTPProber{Client: http.DefaultClient, Path: "/health"}
+	if _, err := p.Probe(context.Background(), sAddr); err != nil {
+		t.Fatalf("the sidecar's own /health: %v", err)
+	}
+	p.Targets = map[string]config.EngineHealth{sAddr: {Port: ePort}}
+	ap, err := p.Probe(context.Background(), sAddr)
+	if err == nil || !strings.Contains(err.Error(), "/health answered 503") {
+		t.Fatalf("probed at the engine's port: %v", err)
+	}
+	if ap.String() != sAddr {
+		t.Fatalf("the probe returned %v, want the engine's address %s", ap, sAddr)
+	}
+	p.Targets = map[string]config.EngineHealth{sAddr: {Port: ePort, Path: "/v1/models"}}
+	if _, err := p.Probe(context.Background(), sAddr); err != nil {
+		t.Fatalf("another path at the engine's port: %v", err)
 	}
 }
 

@@ -257,8 +257,14 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		s.adminSrv.TLSConfig = s.tls.admin.Config()
 	}
 	prober := &engineclient.HTTPProber{
-		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: 30 * time.Second}},
-		Path:   cfg.Health.Path,
+		Client:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: 30 * time.Second}},
+		Path:    cfg.Health.Path,
+		Targets: map[string]config.EngineHealth{},
+	}
+	for _, e := range cfg.Engines {
+		if e.Health != (config.EngineHealth{}) {
+			prober.Targets[e.Address] = e.Health
+		}
 	}
 	s.monitor = controller.NewMonitor(cfg.Health, f, prober, time.Now, time.After, metrics, log)
 	s.switcher = &controller.Switcher{Fleet: f, Router: s.live, Logger: log, Now: time.Now, Timeout: config.Seconds(cfg.Controller.SwitchTimeoutS),
