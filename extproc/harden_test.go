@@ -396,17 +396,7 @@ func TestPassiveHealth(t *testing.T) {
 		return &gateway.Response{Headers: gateway.NewResponseHeaders(503, http.Header{"Content-Type": {"text/plain"}}),
 			Body: strings.NewReader("upstream connect error or disconnect/reset before headers. reset reason: connection failure")}
 	}
-	dead := ""
-	for i := 0; i < h.cfg.Health.Passive.ConsecutiveFailures; i++ {
-		res, _ := h.exchange(context.Background(), completion, fail())
-		dest := res.Headers.Get(wire.HeaderDestination)
-		if dead == "" {
-			dead = dest
-		}
-		if dest != dead {
-			t.Fatalf("request %d went to %s before the ejection, want %s (the least loaded)", i, dest, dead)
-		}
-	}
+	dead := h.failInARow(fail, wire.HeaderDestination)
 	var id string
 	for _, e := range h.fleet.Snapshot().Engines {
 		if e.Addr == dead {
@@ -442,17 +432,7 @@ func TestPassiveHealthBlamesTheLegThatFailed(t *testing.T) {
 	prefillerDown := func() *gateway.Response {
 		return &gateway.Response{Headers: gateway.NewResponseHeaders(502, http.Header{"Content-Length": {"0"}})}
 	}
-	dead := ""
-	for i := 0; i < h.cfg.Health.Passive.ConsecutiveFailures; i++ {
-		res, _ := h.exchange(context.Background(), completion, prefillerDown())
-		p := res.Headers.Get(wire.HeaderPrefiller)
-		if dead == "" {
-			dead = p
-		}
-		if p != dead {
-			t.Fatalf("request %d named prefiller %s before the ejection, want %s", i, p, dead)
-		}
-	}
+	dead := h.failInARow(prefillerDown, wire.HeaderPrefiller)
 	for _, e := range h.fleet.Snapshot().Engines {
 		switch {
 		case e.Addr == dead && e.Lifecycle != fleet.Failed:
@@ -468,6 +448,23 @@ func TestPassiveHealthBlamesTheLegThatFailed(t *testing.T) {
 	if s := h.idle(); s.Counters.Ejections != 1 || s.Counters.Completed != 1 {
 		t.Fatalf("%+v", s.Counters)
 	}
+}
+
+// failInARow sends health.passive.consecutive_failures requests, each answered by fail, and
+// returns the engine address header names on them: the same on every one (the least loaded
+// engine, until the ejection).
+func (h *harness) failInARow(fail func() *gateway.Response, header string) string {
+	h.t.Helper()
+	named := ""
+	for i := 0; i < h.cfg.Health.Passive.ConsecutiveFailures; i++ {
+		res, _ := h.exchange(context.Background(), completion, fail())
+		if a := res.Headers.Get(header); named == "" {
+			named = a
+		} else if a != named {
+			h.t.Fatalf("request %d named %s %s before the ejection, want %s", i, header, a, named)
+		}
+	}
+	return named
 }
 
 // TestStreamLimit: streams beyond extproc.StreamLimit get a 503 overloaded reply, not a stall.

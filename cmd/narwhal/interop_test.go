@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -65,23 +67,15 @@ func TestInteropPDThroughSidecars(t *testing.T) {
 	admin, extproc, _ := start(t, "serve", "--config", cfg).serving(t)
 	waitFor(t, admin, 20*time.Second, "four active engines", allActive(4))
 
-	report := filepath.Join(t.TempDir(), "load.json")
-	var stdout, stderr bytes.Buffer
-	code := runBinTo(t, &stdout, &stderr, "load", "--config", cfg, "--extproc", extproc, "--admin", "http://"+admin,
-		"--synthetic", "step", "--factor", "1", "--synthetic-rate", "10", "--synthetic-duration-s", "3",
-		"--every-s", "1", "--report", report)
-	if code != 0 {
-		t.Fatalf("load: exit %d\n%s\n%s", code, stdout.String(), stderr.String())
+	sum, stderr, err := runLoad(cfg, admin, extproc, 10, 3)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !strings.Contains(stderr.String(), "load: model "+llmdtest.Model+" (GET /v1/models of engine e1") {
-		t.Errorf("load did not name the engines' model:\n%s", stderr.String())
-	}
-	var sum load.Summary
-	if b, err := os.ReadFile(report); err != nil || json.Unmarshal(b, &sum) != nil {
-		t.Fatalf("report: %v", err)
+	if !strings.Contains(stderr, "load: model "+llmdtest.Model+" (GET /v1/models of engine e1") {
+		t.Errorf("load did not name the engines' model:\n%s", stderr)
 	}
 	if sum.Sent < 20 || sum.OK != sum.Sent || sum.Failed != 0 {
-		t.Fatalf("summary %+v\n%s", sum, stderr.String())
+		t.Fatalf("summary %+v\n%s", sum, stderr)
 	}
 	st, err := getStateAs[dispatchedView](admin)
 	if err != nil {
@@ -137,33 +131,7 @@ func TestInteropDeadPrefillerFailsOnlyItself(t *testing.T) {
 	yaml := strings.Replace(e2eConfig(anyPort, anyPort, anyPort, f.addresses()),
 		"health: {interval_s: 0.1, timeout_s: 0.1, unhealthy_after: 3, healthy_after: 3, recover_s: 0.5}",
 		"health: {interval_s: 1, timeout_s: 0.5, unhealthy_after: 3, healthy_after: 3, recover_s: 10}", 1)
-	cfg := writeConfig(t, yaml)
-	srv := start(t, "serve", "--config", cfg)
-	admin, extproc, _ := srv.serving(t)
-	waitFor(t, admin, 20*time.Second, "four active engines", allActive(4))
-
-	report := filepath.Join(t.TempDir(), "load.json")
-	var stdout, stderr bytes.Buffer
-	done := make(chan int, 1)
-	go func() {
-		done <- runBinTo(t, &stdout, &stderr, "load", "--config", cfg, "--extproc", extproc, "--admin", "http://"+admin,
-			"--model", llmdtest.Model, "--synthetic", "step", "--factor", "1", "--synthetic-rate", "20", "--synthetic-duration-s", "6",
-			"--every-s", "1", "--report", report)
-	}()
-	waitFor(t, admin, 20*time.Second, "load under way", func(s stateView) bool { return s.Counters.Offers >= 20 })
-	f.prefill[0].Kill()
-	waitFor(t, admin, 10*time.Second, "e1 failed", func(s stateView) bool { return lifecycleOf(s, "e1") == "failed" })
-	if code := <-done; code != 0 {
-		t.Fatalf("load: exit %d\n%s\n%s", code, stdout.String(), stderr.String())
-	}
-	var sum load.Summary
-	if b, err := os.ReadFile(report); err != nil || json.Unmarshal(b, &sum) != nil {
-		t.Fatalf("report: %v", err)
-	}
-	st, err := getState(admin)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, sum, st := killUnderLoad(t, writeConfig(t, yaml), f.prefill[0], "e1")
 	for _, id := range []string{"e2", "e3", "e4"} {
 		if l := lifecycleOf(st, id); l != "active" {
 			t.Errorf("%s is %s after e1 died", id, l)
@@ -207,33 +175,7 @@ func deadDecodeEngine(t *testing.T, f *pdFleet, probe string) {
 	default:
 		yaml = strings.Replace(yaml, "health: {interval_s: 0.1,", "health: {path: /v1/models, interval_s: 0.1,", 1)
 	}
-	cfg := writeConfig(t, yaml)
-	srv := start(t, "serve", "--config", cfg)
-	admin, extproc, _ := srv.serving(t)
-	waitFor(t, admin, 20*time.Second, "four active engines", allActive(4))
-
-	report := filepath.Join(t.TempDir(), "load.json")
-	var stdout, stderr bytes.Buffer
-	done := make(chan int, 1)
-	go func() {
-		done <- runBinTo(t, &stdout, &stderr, "load", "--config", cfg, "--extproc", extproc, "--admin", "http://"+admin,
-			"--model", llmdtest.Model, "--synthetic", "step", "--factor", "1", "--synthetic-rate", "20", "--synthetic-duration-s", "6",
-			"--every-s", "1", "--report", report)
-	}()
-	waitFor(t, admin, 20*time.Second, "load under way", func(s stateView) bool { return s.Counters.Offers >= 20 })
-	f.decode[0].Kill()
-	waitFor(t, admin, 10*time.Second, "e3 failed", func(s stateView) bool { return lifecycleOf(s, "e3") == "failed" })
-	if code := <-done; code != 0 {
-		t.Fatalf("load: exit %d\n%s\n%s", code, stdout.String(), stderr.String())
-	}
-	var sum load.Summary
-	if b, err := os.ReadFile(report); err != nil || json.Unmarshal(b, &sum) != nil {
-		t.Fatalf("report: %v", err)
-	}
-	st, err := getState(admin)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, sum, st := killUnderLoad(t, writeConfig(t, yaml), f.decode[0], "e3")
 	if l := lifecycleOf(st, "e3"); l != "failed" {
 		t.Errorf("e3, whose engine is gone, is %s: its probe does not reach the engine", l)
 	}
@@ -296,4 +238,57 @@ type preflightRow struct {
 	Engine string `json:"engine"`
 	OK     bool   `json:"ok"`
 	Detail string `json:"detail"`
+}
+
+// runLoad runs narwhal load through the serve at admin and extproc (cfg its config): a step
+// workload of rate req/s for durationS seconds, the model the engines serve. It returns the
+// summary and load's stderr; an error when it exits other than 0.
+func runLoad(cfg, admin, extproc string, rate, durationS int) (load.Summary, string, error) {
+	var sum load.Summary
+	report := filepath.Join(os.TempDir(), fmt.Sprintf("narwhal-interop-%d-%d.json", os.Getpid(), time.Now().UnixNano()))
+	defer os.Remove(report)
+	cmd := exec.Command(narwhalBin, "load", "--config", cfg, "--extproc", extproc, "--admin", "http://"+admin,
+		"--synthetic", "step", "--factor", "1", "--synthetic-rate", strconv.Itoa(rate), "--synthetic-duration-s", strconv.Itoa(durationS),
+		"--every-s", "1", "--report", report)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return sum, stderr.String(), fmt.Errorf("load: %v\n%s\n%s", err, stdout.String(), stderr.String())
+	}
+	b, err := os.ReadFile(report)
+	if err == nil {
+		err = json.Unmarshal(b, &sum)
+	}
+	return sum, stderr.String(), err
+}
+
+// killUnderLoad starts narwhal serve on cfg, runs a load of 20 req/s for 6 s through it, kills
+// victim once the load is under way and waits until Narwhal has failed engine id; it returns
+// serve, the load's summary and the state once the load ended.
+func killUnderLoad(t *testing.T, cfg string, victim *llmdtest.Proc, id string) (*proc, load.Summary, stateView) {
+	t.Helper()
+	srv := start(t, "serve", "--config", cfg)
+	admin, extproc, _ := srv.serving(t)
+	waitFor(t, admin, 20*time.Second, "four active engines", allActive(4))
+	type result struct {
+		sum load.Summary
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		sum, _, err := runLoad(cfg, admin, extproc, 20, 6)
+		done <- result{sum, err}
+	}()
+	waitFor(t, admin, 20*time.Second, "load under way", func(s stateView) bool { return s.Counters.Offers >= 20 })
+	victim.Kill()
+	waitFor(t, admin, 10*time.Second, id+" failed", func(s stateView) bool { return lifecycleOf(s, id) == "failed" })
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	st, err := getState(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, r.sum, st
 }

@@ -169,9 +169,9 @@ const defaultLoadModel = "narwhal-demo"
 // servedModel is the model load's requests name when --model is not given: the first one the
 // first engine of the config that answers GET /v1/models serves (an engine answers 404 to a
 // model it does not serve, as vLLM and llm-d's emulator do), said on stderr; defaultLoadModel
-// when none answers.
+// when none of the first three answers (each asked for 2 s at most).
 func servedModel(ctx context.Context, cfg *config.Config, stderr io.Writer) string {
-	for _, e := range cfg.Engines {
+	for _, e := range cfg.Engines[:min(len(cfg.Engines), 3)] {
 		probe, err := profiler.NewEngine("http://"+e.Address, "")
 		if err != nil {
 			continue

@@ -5,17 +5,21 @@
 package llmdtest
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/narwhal-llm/narwhal/internal/logbuf"
 	"github.com/narwhal-llm/narwhal/internal/poll"
@@ -151,26 +155,21 @@ func (p *Proc) Counter(t testing.TB, metric string, labels ...string) float64 {
 		t.Fatalf("%s /metrics: %v", p.Name, err)
 	}
 	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("%s /metrics: %v", p.Name, err)
+	}
 	var sum float64
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, metric+"{") && !strings.HasPrefix(line, metric+" ") {
-			continue
-		}
-		match := true
+next:
+	for _, m := range fams[metric].GetMetric() {
 		for _, l := range labels {
 			k, v, _ := strings.Cut(l, "=")
-			match = match && strings.Contains(line, k+`="`+v+`"`)
+			if !slices.ContainsFunc(m.GetLabel(), func(lp *dto.LabelPair) bool { return lp.GetName() == k && lp.GetValue() == v }) {
+				continue next
+			}
 		}
-		if !match {
-			continue
-		}
-		f := strings.Fields(line)
-		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
-			sum += v
-		}
+		sum += m.GetCounter().GetValue() + m.GetUntyped().GetValue()
 	}
 	return sum
 }
