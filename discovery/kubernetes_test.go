@@ -131,7 +131,11 @@ func TestKubernetesDiscovery(t *testing.T) {
 	if _, err := f.SetRole("p1", fleet.Decode, time.Now(), "decision 3"); err != nil {
 		t.Fatal(err)
 	}
-	poll.Until(t, apiWait, "p1's label written", func() bool { return c.get(t, "p1").Labels[config.LabelRole] == "decode" })
+	// The pod shows the label as soon as the API server has it, a moment before the writer
+	// counts its write: wait for both.
+	poll.Until(t, apiWait, "p1's label written and counted", func() bool {
+		return c.get(t, "p1").Labels[config.LabelRole] == "decode" && k.Status().LabelWrites >= 1
+	})
 	if s := k.Status(); s.LabelWrites != 1 || s.LabelErrors != 0 {
 		t.Fatalf("status %+v", s)
 	}
