@@ -98,6 +98,7 @@ FUZZTIME ?= 10m
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzParseRequest$$' -fuzztime=$(FUZZTIME) ./extproc
 	$(GO) test -run='^$$' -fuzz='^FuzzResponseObserver$$' -fuzztime=$(FUZZTIME) ./extproc
+	$(GO) test -run='^$$' -fuzz='^FuzzParseMetrics$$' -fuzztime=$(FUZZTIME) ./engineclient
 
 # The property tests at length: 10,000 router sequences, 30,000 sequences of random ext_proc
 # streams through the real server, and 10,000 random controller runs audited; and the

@@ -10,12 +10,10 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	"github.com/narwhal-llm/narwhal/engineclient"
 )
 
 // Engine speaks to one OpenAI-compatible engine (vLLM, SGLang, enginesim) for measurement:
@@ -221,92 +219,7 @@ func (e *Engine) Stream(ctx context.Context, r Request) (Trace, error) {
 	return tr, fmt.Errorf("POST /v1/completions: the stream ended without [DONE]")
 }
 
-// Metrics is what an engine's GET /metrics says under vLLM's names (summed over labels).
-type Metrics struct {
-	Running, Waiting float64
-	KVUsage          float64 // vllm:kv_cache_usage_perc (or the older gpu_cache_usage_perc), 0..1
-	HasKVUsage       bool
-	// KVCapacity is num_gpu_blocks × block_size from vllm:cache_config_info, 0 when absent.
-	KVCapacity int
-	// Finished is vllm:request_success_total over every finish reason: the requests the engine
-	// has finished, a prefill leg it served for another engine among them (HasFinished: the
-	// engine reports it).
-	Finished    float64
-	HasFinished bool
-}
-
-// ErrNoMetrics: the engine has no /metrics with vLLM's names.
-var ErrNoMetrics = errors.New("no vLLM metrics")
-
-// Metrics scrapes GET /metrics.
-func (e *Engine) Metrics(ctx context.Context) (Metrics, error) {
-	var m Metrics
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.URL+"/metrics", nil)
-	if err != nil {
-		return m, err
-	}
-	resp, err := e.HTTP.Do(req)
-	if err != nil {
-		return m, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return m, ErrNoMetrics
-	}
-	return ParseMetrics(resp.Body)
-}
-
-// ParseMetrics reads Prometheus text for vLLM's scheduler and KV-cache metrics.
-func ParseMetrics(r io.Reader) (Metrics, error) {
-	var m Metrics
-	p := expfmt.NewTextParser(model.LegacyValidation)
-	fams, err := p.TextToMetricFamilies(r)
-	if err != nil {
-		return m, fmt.Errorf("%w: %v", ErrNoMetrics, err)
-	}
-	seen := false
-	sum := func(name string) (float64, bool) {
-		f, ok := fams[name]
-		if !ok {
-			return 0, false
-		}
-		v := 0.0
-		for _, x := range f.GetMetric() {
-			v += x.GetGauge().GetValue() + x.GetCounter().GetValue() + x.GetUntyped().GetValue()
-		}
-		return v, true
-	}
-	if v, ok := sum("vllm:num_requests_running"); ok {
-		m.Running, seen = v, true
-	}
-	if v, ok := sum("vllm:num_requests_waiting"); ok {
-		m.Waiting = v
-	}
-	for _, n := range []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"} {
-		if v, ok := sum(n); ok {
-			m.KVUsage, m.HasKVUsage = v, true
-			break
-		}
-	}
-	if v, ok := sum("vllm:request_success_total"); ok {
-		m.Finished, m.HasFinished = v, true
-	}
-	if f, ok := fams["vllm:cache_config_info"]; ok {
-		for _, x := range f.GetMetric() {
-			var blocks, size int
-			for _, l := range x.GetLabel() {
-				switch l.GetName() {
-				case "num_gpu_blocks":
-					blocks, _ = strconv.Atoi(l.GetValue())
-				case "block_size":
-					size, _ = strconv.Atoi(l.GetValue())
-				}
-			}
-			m.KVCapacity = max(m.KVCapacity, blocks*size)
-		}
-	}
-	if !seen {
-		return m, ErrNoMetrics
-	}
-	return m, nil
+// Metrics scrapes the engine's GET /metrics (engineclient.ParseMetrics).
+func (e *Engine) Metrics(ctx context.Context) (engineclient.Metrics, error) {
+	return engineclient.ScrapeMetrics(ctx, e.HTTP, e.URL+"/metrics")
 }

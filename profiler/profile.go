@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/engineclient"
 	"github.com/narwhal-llm/narwhal/wire"
 )
 
@@ -171,7 +172,7 @@ type run struct {
 	ctx      context.Context
 	begin    time.Time
 	probe    *Probe
-	metrics0 Metrics
+	metrics0 engineclient.Metrics
 	kvSeen   []float64 // KV capacity estimates from the decode batches' scrapes
 }
 
@@ -306,7 +307,7 @@ type batch struct {
 
 type sample struct {
 	at time.Time
-	m  Metrics
+	m  engineclient.Metrics
 }
 
 // batch sends n concurrent streams of prompt tokens and output tokens each, scraping the
