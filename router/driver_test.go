@@ -27,6 +27,8 @@ import (
 //	remove id=e3 [at=S]
 //	state
 //	price prefill=e1,e2 decode=e3 [step=S] [at=S]
+//	observe id=e1 [running=N] [waiting=N] [kv=X] [finished=N] [prompts=N] [none] [at=S]
+//	                        (the engine's metrics; none: they could not be read)
 //
 // Every command prints its result, then what the router put in its outbox, and the driver
 // fails the test if a conservation law breaks.
@@ -57,6 +59,8 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 		ps, _ := d.Router.Price(d.At(td), router.Query{Splits: []router.Split{split}, StepS: step})
 		p := ps[0]
 		fmt.Fprintf(&b, "ttft_ratio=%.3f tpot_ratio=%.3f worst=%.3f probe_ttft=%.3f\n", p.TTFTRatio, p.TPOTRatio, p.Worst, p.ProbeTTFT)
+	case "observe":
+		d.observe(td, &b)
 	default:
 		if !d.Run(td, &b) {
 			t.Fatalf("%s: unknown command %q", td.Pos, td.Cmd)
@@ -151,7 +155,56 @@ func (d *driver) state(b *strings.Builder) {
 		if p := e.Passive; p.ConsecutiveFailures > 0 || p.Ejected {
 			fmt.Fprintf(b, " upstream_failures=%d ejected=%t", p.ConsecutiveFailures, p.Ejected)
 		}
+		if e.Observed != nil {
+			b.WriteString(" ")
+			writeObserved(b, *e.Observed)
+		}
 		b.WriteString("\n")
+	}
+}
+
+func (d *driver) observe(td *datadriven.TestData, b *strings.Builder) {
+	var id string
+	td.ScanArgs(d.t, "id", &id)
+	var o *router.Observation
+	if !td.HasArg("none") {
+		o = &router.Observation{}
+		var finished, prompts int
+		td.MaybeScanArgs(d.t, "running", &o.Running)
+		td.MaybeScanArgs(d.t, "waiting", &o.Waiting)
+		if td.HasArg("kv") {
+			td.ScanArgs(d.t, "kv", &o.KVUsage)
+			o.HasKVUsage = true
+		}
+		if td.HasArg("finished") {
+			td.ScanArgs(d.t, "finished", &finished)
+			o.Finished, o.HasFinished = float64(finished), true
+		}
+		if td.HasArg("prompts") {
+			td.ScanArgs(d.t, "prompts", &prompts)
+			o.PromptTokens, o.HasPromptTokens = float64(prompts), true
+		}
+	}
+	got, ok := d.Router.Observe(d.At(td), id, o)
+	switch {
+	case !ok:
+		b.WriteString("unknown engine\n")
+		return
+	case o == nil:
+		b.WriteString("not observed\n")
+		return
+	}
+	writeObserved(b, got)
+	b.WriteString("\n")
+}
+
+func writeObserved(b *strings.Builder, o router.Observed) {
+	fmt.Fprintf(b, "observed running=%g waiting=%g foreign=%d foreign_prefill=%.3f", o.Running, o.Waiting, o.Foreign, o.ForeignPrefillS)
+	if o.UnservedLegs > 0 {
+		fmt.Fprintf(b, " unserved_legs=%d", o.UnservedLegs)
+	}
+	if o.NoHandoff {
+		b.WriteString(" no_handoff")
 	}
 }
 

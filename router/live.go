@@ -254,6 +254,12 @@ func (l *Live) Follow(ctx context.Context, f *fleet.Fleet) {
 	}
 }
 
+// Observe applies one reading of an engine's metrics (nil: they could not be read).
+func (l *Live) Observe(id string, o *Observation) (got Observed, ok bool) {
+	_ = l.step(func(now time.Time) error { got, ok = l.r.Observe(now, id, o); return nil })
+	return got, ok
+}
+
 // Snapshot reports the router's state.
 func (l *Live) Snapshot() Snapshot {
 	l.mu.Lock()

@@ -102,11 +102,12 @@ func (r *Router) projectTail(t float64, tokens int, prefix []uint64) (best int, 
 
 // prefillFree is when engine i can start new prefill work (docs/role-control.md section 3, one
 // projection for placement, admission, the urgent trigger and Price): after the prefill work
-// dispatched to it and, for a prefill engine that still streams decode residents (a donor just
-// moved from decode), their remaining decode work too — the sum of the two.
+// dispatched to it and the foreign prefill work its metrics report (Observe) and, for a prefill
+// engine that still streams decode residents (a donor just moved from decode), their remaining
+// decode work too — the sum of them.
 func (r *Router) prefillFree(t float64, i int) float64 {
 	if e := &r.engines[i]; e.role != fleet.Prefill {
-		return max(t, e.busyUntil)
+		return max(t, e.busyUntil) + e.foreignPrefillLeft(t)
 	}
 	return r.freeAt(t, i)
 }
@@ -115,7 +116,7 @@ func (r *Router) prefillFree(t float64, i int) float64 {
 // priced as prefill): its dispatched prefill work, plus its decode residents' remaining work.
 func (r *Router) freeAt(t float64, i int) float64 {
 	e := &r.engines[i]
-	free := max(t, e.busyUntil)
+	free := max(t, e.busyUntil) + e.foreignPrefillLeft(t)
 	if e.streams == 0 {
 		return free
 	}
@@ -293,7 +294,7 @@ func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64) (plan,
 			return pl, false // capacity holds on the fallback as everywhere (issue 8)
 		}
 		pl.p, pl.d = int(r.fallback), int(r.fallback)
-		pl.dur, pl.start = fb.prefillSeconds(prompt), max(t, fb.busyUntil)
+		pl.dur, pl.start = fb.prefillSeconds(prompt), max(t, fb.busyUntil)+fb.foreignPrefillLeft(t)
 		pl.first = pl.start + pl.dur
 		return pl, true
 	}

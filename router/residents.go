@@ -69,11 +69,15 @@ func (r *Router) endPrefill(t float64, e *entry, observed bool) {
 		// Like with like: the prefill ran from when the engine was free of the prefill before
 		// it (an engine prefills in FIFO order) or its dispatch, to its first token less the
 		// handoff; the waiting on the engine is not prefill time.
+		// Foreign prefill work on the engine (Observe) is not this one's either.
 		end := t - e.handoff
-		if e.curveDur > 0 && !e.mixed {
+		if e.curveDur > 0 && !e.mixed && p.obs.foreignUntil <= e.dispatchAt {
 			r.correct(p, 0, (end-max(e.dispatchAt, p.prefillEnd))/e.curveDur)
 		}
 		p.prefillEnd = max(p.prefillEnd, end)
+		if !e.aggregate && e.prefill != e.decode {
+			r.handedOff(p, &r.engines[e.decode])
+		}
 	}
 	e.phase, e.firstAt = phaseDecoding, t
 	r.sumFirstAt += t

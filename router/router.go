@@ -92,6 +92,8 @@ type engine struct {
 	failStreak int     // upstream failures in a row of requests sent to this engine
 	ejected    bool    // passive health took it out of placement; cleared once the fleet agrees
 	prepared   bool    // a decode donor being prepared (Prepare): new streams go elsewhere when they fit
+	foreign    int     // streams its metrics report beyond this router's (a decode engine; Observe)
+	obs        obsState
 	// gone: the engine left the fleet. Its slot stays while residents hold its index (they
 	// finish where they are); a slot without residents takes the next engine that joins.
 	gone bool
@@ -101,8 +103,10 @@ func (e *engine) prefillSeconds(tokens int) float64 {
 	return e.prof.Prefill.Seconds(max(tokens, 1)) * e.corr[0]
 }
 
+// stepSeconds is the decode step with streams of this router's reserving kv KV tokens, beside
+// the foreign streams its metrics report (Observe).
 func (e *engine) stepSeconds(streams int, kv int64) float64 {
-	return e.prof.Decode.StepSeconds(streams, int(kv)) * e.corr[1]
+	return e.prof.Decode.StepSeconds(streams+e.foreign, int(kv+e.obs.foreignKV)) * e.corr[1]
 }
 
 func (e *engine) canPrefill() bool { return e.live && e.prof.Prefill != nil }
@@ -110,7 +114,7 @@ func (e *engine) canPrefill() bool { return e.live && e.prof.Prefill != nil }
 // fits reports whether one more stream reserving need KV tokens fits the engine.
 func (e *engine) fits(need int64) bool {
 	d := e.prof.Decode
-	return d != nil && e.streams+1 <= d.MaxStreams && e.kv+need <= int64(d.MaxKVTokens)
+	return d != nil && e.streams+e.foreign+1 <= d.MaxStreams && e.kv+e.obs.foreignKV+need <= int64(d.MaxKVTokens)
 }
 
 // Router places requests. Create it with New.
@@ -355,6 +359,11 @@ func (r *Router) Snapshot(now time.Time) Snapshot {
 			BusyUntilS: r.prefillFree(t, i) - t, DrainS: r.freeAt(t, i) - t, Correction: Correction{Prefill: e.corr[0], Decode: e.corr[1], PrefillSamples: e.samples[0], DecodeSamples: e.samples[1]},
 			Fallback: i == int(r.fallback), Prepared: e.prepared, Passive: Passive{ConsecutiveFailures: e.failStreak, Ejected: e.ejected},
 		})
+		if e.obs.ok {
+			o := e.obs.last
+			o.UnservedLegs, o.NoHandoff = r.unservedLegs(e), e.obs.unproven >= handoffsUnproven
+			s.Engines[len(s.Engines)-1].Observed = &o
+		}
 	}
 	if r.fallback >= 0 {
 		s.Fallback = r.engines[r.fallback].id

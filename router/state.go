@@ -109,6 +109,9 @@ type EngineLoad struct {
 	Fallback   bool       `json:"fallback,omitempty"`
 	Prepared   bool       `json:"prepared,omitempty"` // a donor the controller is preparing (Router.Prepare)
 	Passive    Passive    `json:"passive"`
+	// Observed is what the engine's metrics said at their latest reading (engine_metrics), nil
+	// when they are not read or could not be.
+	Observed *Observed `json:"observed,omitempty"`
 }
 
 // Passive is one engine's passive health: upstream failures in a row on the data path, and
