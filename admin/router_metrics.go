@@ -15,6 +15,7 @@ type routerCollector struct {
 	waiting, waitingTokens, prefilling, decoding, awaiting, demand                            *prometheus.Desc
 	prefillResidents, decodeResidents, correction                                             *prometheus.Desc
 	contextExceeded, ejections, upstreamFailures, ejected                                     *prometheus.Desc
+	observed, kvUsage, foreign, unservedLegs, noHandoff                                       *prometheus.Desc
 }
 
 // RegisterRouter exports the router's counters, retained demand, demand estimates and engine
@@ -47,6 +48,11 @@ func RegisterRouter(reg prometheus.Registerer, src interface{ Snapshot() router.
 		ejections:        d("passive_ejections_total", "Engines taken out of placement by passive health checking (health.passive)."),
 		upstreamFailures: d("engine_upstream_failures", "Upstream failures in a row on the data path per engine (passive health).", "engine"),
 		ejected:          d("engine_ejected", "1 while passive health checking holds the engine out of placement.", "engine"),
+		observed:         d("engine_observed_requests", "The requests an engine's own metrics report (health.metrics), by state (running, waiting).", "engine", "state"),
+		kvUsage:          d("engine_observed_kv_usage", "The share of its KV cache an engine's own metrics report in use (0..1).", "engine"),
+		foreign:          d("engine_foreign_requests", "Requests an engine reports beyond Narwhal's own on it: load the projection counts that did not come through Narwhal.", "engine"),
+		unservedLegs:     d("engine_unserved_prefill_legs", "Prefill legs a prefill engine was named for while its finished count stayed flat (the handoff check).", "engine"),
+		noHandoff:        d("engine_no_handoff", "1 while a decode engine's prefill engines serve none of its legs: P/D is not happening through it.", "engine"),
 	})
 }
 
@@ -54,7 +60,7 @@ func (c *routerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.offers, c.invalid, c.admitted, c.overflow, c.dispatched, c.completed,
 		c.failed, c.cancelled, c.ftTimeouts, c.waiting, c.waitingTokens, c.prefilling, c.decoding, c.awaiting,
 		c.demand, c.prefillResidents, c.decodeResidents, c.correction, c.contextExceeded, c.ejections,
-		c.upstreamFailures, c.ejected} {
+		c.upstreamFailures, c.ejected, c.observed, c.kvUsage, c.foreign, c.unservedLegs, c.noHandoff} {
 		ch <- d
 	}
 }
@@ -110,5 +116,19 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 			ejected = 1
 		}
 		gauge(c.ejected, ejected, e.ID)
+		if o := e.Observed; o != nil {
+			gauge(c.observed, o.Running, e.ID, "running")
+			gauge(c.observed, o.Waiting, e.ID, "waiting")
+			if o.HasKVUsage {
+				gauge(c.kvUsage, o.KVUsage, e.ID)
+			}
+			gauge(c.foreign, float64(o.Foreign), e.ID)
+			gauge(c.unservedLegs, float64(o.UnservedLegs), e.ID)
+			no := 0.0
+			if o.NoHandoff {
+				no = 1
+			}
+			gauge(c.noHandoff, no, e.ID)
+		}
 	}
 }

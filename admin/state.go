@@ -99,6 +99,9 @@ type EngineState struct {
 	Source string `json:"source"`
 	// Profile is the engine's profile.
 	Profile string `json:"profile"`
+	// Observed is what the engine's own metrics said at their latest reading (health.metrics):
+	// absent while they are not read or cannot be.
+	Observed *router.Observed `json:"observed,omitempty"`
 }
 
 // EvidenceWindow is the arrival-evidence window (docs/role-control.md section 7).
@@ -124,6 +127,7 @@ func fleetState(st *State, snap *fleet.Snapshot, loads []router.EngineLoad) {
 		if l := byID[e.ID]; l != nil {
 			es.PrefillResidents, es.DecodeResidents, es.ReservedStreams = l.PrefillResidents, l.DecodeResidents, l.ReservedStreams
 			es.BusyUntilS, es.DrainS, es.Correction, es.Passive, es.Prepared = l.BusyUntilS, l.DrainS, l.Correction, l.Passive, l.Prepared
+			es.Observed = l.Observed
 		}
 		st.Engines = append(st.Engines, es)
 	}

@@ -438,6 +438,18 @@ type Health struct {
 	HealthyAfter   int     `yaml:"healthy_after" json:"healthy_after"`
 	RecoverS       float64 `yaml:"recover_s" json:"recover_s"`
 	Passive        Passive `yaml:"passive" json:"passive"`
+	Metrics        Metrics `yaml:"metrics" json:"metrics"`
+}
+
+// Metrics configures the reading of the engines' own metrics (docs/engine-metrics.md): their
+// schedulers' running and waiting requests and KV-cache usage under vLLM's or SGLang's names,
+// which the projection counts beyond Narwhal's own requests, and their finished counts, which
+// check the disaggregated handoff from the prefill side.
+type Metrics struct {
+	Path string `yaml:"path" json:"path"`
+	// IntervalS is the time between two readings of one engine; 0 turns the reading off.
+	IntervalS float64 `yaml:"interval_s" json:"interval_s"`
+	TimeoutS  float64 `yaml:"timeout_s" json:"timeout_s"`
 }
 
 // Passive configures passive health checking: failures seen on the data path, as Envoy's

@@ -44,7 +44,7 @@ func Default() *Config {
 			SwitchTimeoutS: 120,
 		},
 		Health: Health{Path: "/health", IntervalS: 1, TimeoutS: 0.5, UnhealthyAfter: 3, HealthyAfter: 3, RecoverS: 10,
-			Passive: Passive{ConsecutiveFailures: 3}},
+			Passive: Passive{ConsecutiveFailures: 3}, Metrics: Metrics{Path: "/metrics", IntervalS: 2, TimeoutS: 1}},
 		XDS:            XDS{ClusterPrefix: "narwhal", Nodes: []string{}, Identities: []string{}},
 		HA:             HA{Etcd: Etcd{Endpoints: []string{}, Prefix: "/narwhal"}, Kubernetes: HAKubernetes{Name: "narwhal"}, LeaseTTLS: 5},
 		ShutdownGraceS: 30,

@@ -532,6 +532,14 @@ func (k *checker) health(h Health) {
 	k.geInt("health.healthy_after", int64(h.HealthyAfter), 1)
 	k.ge("health.recover_s", h.RecoverS, 0)
 	k.geInt("health.passive.consecutive_failures", int64(h.Passive.ConsecutiveFailures), 0)
+	if m := h.Metrics; k.ge("health.metrics.interval_s", m.IntervalS, 0) && m.IntervalS > 0 {
+		if !strings.HasPrefix(m.Path, "/") {
+			k.add("health.metrics.path", nil, "must start with \"/\", got %q", m.Path)
+		}
+		if k.gt("health.metrics.timeout_s", m.TimeoutS, 0) && m.TimeoutS > m.IntervalS {
+			k.add("health.metrics.timeout_s", []string{"health.metrics.interval_s"}, "must be <= interval_s (%s), got %s", num(m.IntervalS), num(m.TimeoutS))
+		}
+	}
 }
 
 // tls checks each listener's files go together; identities need client certificates to read.

@@ -114,8 +114,10 @@ type server struct {
 	tls      *listenerTLS
 	monitor  *controller.Monitor
 	switcher *controller.Switcher
-	files    *discovery.File       // the endpoints file (docs/discovery.md); nil without one
-	kube     *discovery.Kubernetes // pods as engines (docs/kubernetes.md); nil without
+	// engineMetrics reads the engines' own metrics into the router (health.metrics).
+	engineMetrics *engineclient.MetricsReader
+	files         *discovery.File       // the endpoints file (docs/discovery.md); nil without one
+	kube          *discovery.Kubernetes // pods as engines (docs/kubernetes.md); nil without
 
 	wg     sync.WaitGroup
 	errc   chan error
@@ -267,6 +269,7 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		}
 	}
 	s.monitor = controller.NewMonitor(cfg.Health, f, prober, time.Now, time.After, metrics, log)
+	s.engineMetrics = engineclient.NewMetricsReader(cfg, f, s.live, log, reg)
 	s.switcher = &controller.Switcher{Fleet: f, Router: s.live, Logger: log, Now: time.Now, Timeout: config.Seconds(cfg.Controller.SwitchTimeoutS),
 		Client: engineclient.SGLangSwitch{Client: &http.Client{}}} // engines with switch: sglang
 	return s, nil
@@ -400,6 +403,7 @@ func (s *server) lead() {
 	s.wg.Go(func() { _ = s.monitor.Run(runCtx) })
 	s.wg.Go(func() { _ = s.roles.Run(runCtx) })
 	s.wg.Go(func() { s.switcher.Run(runCtx) })
+	s.wg.Go(func() { s.engineMetrics.Run(runCtx) })
 	s.wg.Go(func() { s.persist.Run(runCtx, s.roles.Durable) }) // its last write follows the drain
 	if s.files != nil {
 		s.wg.Go(func() {
