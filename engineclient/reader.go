@@ -134,7 +134,7 @@ func (m *MetricsReader) read(ctx context.Context, e fleet.Engine) {
 	m.reads.WithLabelValues("ok").Inc()
 	got, _ := m.router.Observe(e.ID, &router.Observation{
 		Running: mt.Running, Waiting: mt.Waiting, KVUsage: mt.KVUsage, HasKVUsage: mt.HasKVUsage,
-		Finished: mt.Finished, HasFinished: mt.HasFinished, PromptTokens: mt.PromptTokens, HasPromptTokens: mt.HasPromptTokens,
+		Finished: mt.Finished, PromptTokens: mt.PromptTokens, HasPromptTokens: mt.HasPromptTokens,
 	})
 	m.note(e.ID, func(n *noted) {
 		if n.failing {

@@ -149,7 +149,7 @@ func TestMetricsReader(t *testing.T) {
 	rec.mu.Unlock()
 	m.Pass(context.Background())
 	m.Pass(context.Background())
-	if o, _ := rec.get("d1"); o == nil || !o.HasFinished || o.Finished != 1 {
+	if o, _ := rec.get("d1"); o == nil || o.Finished != 1 {
 		t.Fatalf("d1 read again: %+v", o)
 	}
 	for _, sub := range []string{"engine metrics: read again", "serves its legs again", "kv_cache_tokens=16384 max_kv_tokens=945000"} {

@@ -178,7 +178,7 @@ func (d *driver) observe(td *datadriven.TestData, b *strings.Builder) {
 		}
 		if td.HasArg("finished") {
 			td.ScanArgs(d.t, "finished", &finished)
-			o.Finished, o.HasFinished = float64(finished), true
+			o.Finished = float64(finished)
 		}
 		if td.HasArg("prompts") {
 			td.ScanArgs(d.t, "prompts", &prompts)

@@ -23,10 +23,11 @@ type Observation struct {
 	// KVUsage is the share of its KV cache in use (0..1), when HasKVUsage.
 	KVUsage    float64
 	HasKVUsage bool
-	// Finished and PromptTokens are its counters of finished requests and prefilled prompt
-	// tokens, when HasFinished / HasPromptTokens.
-	Finished, PromptTokens       float64
-	HasFinished, HasPromptTokens bool
+	// Finished is its count of finished requests: an engine that reports none (vLLM's counter
+	// has no series before its first request) has finished none. PromptTokens is its count of
+	// prefilled prompt tokens, when HasPromptTokens.
+	Finished, PromptTokens float64
+	HasPromptTokens        bool
 }
 
 // Observed is an engine's latest observation as the router used it (EngineLoad.Observed).
@@ -74,6 +75,7 @@ type obsState struct {
 	meanPrompt   float64 // mean prompt tokens of what the engine finished (its counters), 0 unknown
 	legs         int     // first tokens of disaggregated requests it prefilled, ever
 	legsBase     int     // legs when its finished count last grew
+	unserved     bool    // at its latest observation: legsUnserved legs or more since legsBase
 	unproven     int     // (decode engine) handoffs in a row whose prefill engine was unserved
 }
 
@@ -89,14 +91,14 @@ func (r *Router) Observe(now time.Time, id string, o *Observation) (Observed, bo
 	e := &r.engines[i]
 	s := &e.obs
 	if o == nil {
-		s.ok, s.last, s.foreignKV, s.foreignUntil = false, Observed{}, 0, 0
+		s.ok, s.last, s.foreignKV, s.foreignUntil, s.unserved = false, Observed{}, 0, 0, false
 		e.foreign = 0
 		e.drainOK = false
 		r.reproject(t)
 		r.pump(t)
 		return Observed{}, true
 	}
-	if o.HasFinished && o.HasPromptTokens && s.ok && o.Finished > s.finished && o.PromptTokens >= s.prompts {
+	if o.HasPromptTokens && s.ok && o.Finished > s.finished && o.PromptTokens >= s.prompts {
 		m := (o.PromptTokens - s.prompts) / (o.Finished - s.finished)
 		if s.meanPrompt == 0 {
 			s.meanPrompt = m
@@ -104,9 +106,12 @@ func (r *Router) Observe(now time.Time, id string, o *Observation) (Observed, bo
 			s.meanPrompt = (1-promptEWMA)*s.meanPrompt + promptEWMA*m
 		}
 	}
-	if o.HasFinished && (!s.ok || o.Finished != s.finished) {
+	// The mark is set at an observation only: between two readings the legs' first tokens come
+	// while the count they moved is not read yet.
+	if !s.ok || o.Finished != s.finished {
 		s.legsBase = s.legs // the count moved (or is first seen): the legs so far are accounted for
 	}
+	s.unserved = s.legs-s.legsBase >= legsUnserved
 	s.finished, s.prompts = o.Finished, o.PromptTokens
 
 	// Foreign load: what the engine runs and queues beyond this router's on it. This router's
@@ -152,15 +157,12 @@ func (r *Router) meanPrompt(s *obsState, t float64) float64 {
 }
 
 // unservedLegs is the prefill legs a prefill engine was named for since its finished count
-// last moved, once they are legsUnserved or more (0 before, or without observations).
+// last moved, once its latest observation found them legsUnserved or more (else 0).
 func (r *Router) unservedLegs(e *engine) int {
-	if !e.obs.ok {
+	if !e.obs.ok || !e.obs.unserved {
 		return 0
 	}
-	if n := e.obs.legs - e.obs.legsBase; n >= legsUnserved {
-		return n
-	}
-	return 0
+	return e.obs.legs - e.obs.legsBase
 }
 
 // handedOff records the first token of a disaggregated request prefilled on p and decoded on

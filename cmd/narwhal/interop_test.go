@@ -4,19 +4,24 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/narwhal-llm/narwhal/internal/llmdtest"
+	"github.com/narwhal-llm/narwhal/internal/poll"
 	"github.com/narwhal-llm/narwhal/load"
 )
 
@@ -291,4 +296,149 @@ func killUnderLoad(t *testing.T, cfg string, victim *llmdtest.Proc, id string) (
 		t.Fatal(err)
 	}
 	return srv, r.sum, st
+}
+
+// observedView is /narwhal/state's engines with what their own metrics said (health.metrics).
+type observedView struct {
+	Engines []struct {
+		ID         string  `json:"id"`
+		BusyUntilS float64 `json:"busy_until_s"`
+		Observed   *struct {
+			Running         float64 `json:"running"`
+			Foreign         int     `json:"foreign"`
+			ForeignPrefillS float64 `json:"foreign_prefill_s"`
+			UnservedLegs    int     `json:"unserved_legs"`
+			NoHandoff       bool    `json:"no_handoff"`
+		} `json:"observed"`
+	} `json:"engines"`
+}
+
+// P/D that is not happening is noticed while serving: with the decode emulators addressed
+// directly (no sidecar: they ignore x-prefiller-host-port and answer the whole request), the
+// prefill emulators' finished counts stay flat while the requests named to them get their
+// first tokens. /narwhal/state shows the prefill engines' unserved legs and the decode
+// engines' no_handoff, and serve says so once per engine. Through the sidecars the same load
+// leaves no mark. (Before, serve counted every request as disaggregated and said nothing.)
+func TestInteropServeNoticesDecodeEnginesThatDoNotHandOff(t *testing.T) {
+	f := startPDFleet(t)
+	marks := func(addrs []string) (observedView, string) {
+		t.Helper()
+		cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, addrs)+"controller: {advisory: true}\n")
+		srv := start(t, "serve", "--config", cfg)
+		admin, extproc, _ := srv.serving(t)
+		waitFor(t, admin, 20*time.Second, "four active engines", allActive(4))
+		if _, stderr, err := runLoad(cfg, admin, extproc, 10, 4); err != nil {
+			t.Fatalf("%v\n%s", err, stderr)
+		}
+		var st observedView
+		// One more reading of every engine after the load (health.metrics.interval_s 2).
+		if !poll.Within(10*time.Second, func() bool {
+			var err error
+			st, err = getStateAs[observedView](admin)
+			n := 0
+			for _, e := range st.Engines {
+				if e.Observed != nil {
+					n++
+				}
+			}
+			marked := addrs[2] == f.sidecars[0].Addr // through the sidecars: nothing to wait for
+			for _, e := range st.Engines {
+				marked = marked || e.Observed != nil && e.Observed.NoHandoff
+			}
+			return err == nil && n == 4 && marked
+		}) {
+			raw, _ := getStateAs[map[string]any](admin)
+			t.Fatalf("the engines' metrics were not read: %+v\n%s", raw["engines"], srv.out.String())
+		}
+		return st, srv.out.String()
+	}
+
+	// The load is light: placement may keep to one pair. Every decode engine that was sent
+	// requests is marked, and the prefill engines they named.
+	st, log := marks([]string{f.prefill[0].Addr, f.prefill[1].Addr, f.decode[0].Addr, f.decode[1].Addr})
+	unserved, noHandoff := 0, 0
+	for _, e := range st.Engines {
+		if e.Observed.UnservedLegs >= 8 {
+			unserved++
+		}
+		if e.Observed.NoHandoff {
+			noHandoff++
+			if !strings.Contains(log, "this decode engine does not use the prefill engines it is named\" engine="+e.ID) &&
+				!strings.Contains(log, "and check with narwhal preflight\" engine="+e.ID) {
+				t.Errorf("%s is marked no_handoff without its log line:\n%s", e.ID, log)
+			}
+		}
+	}
+	if unserved == 0 || noHandoff == 0 || st.Engines[0].Observed.NoHandoff || st.Engines[1].Observed.NoHandoff {
+		t.Errorf("directly addressed decode engines: %d prefill engines show unserved legs, %d decode engines no_handoff: %+v", unserved, noHandoff, st)
+	}
+	if n := strings.Count(log, "this decode engine does not use the prefill engines"); n != noHandoff {
+		t.Errorf("the no-handoff line said %d times for %d marked engines:\n%s", n, noHandoff, log)
+	}
+
+	st, log = marks(f.addresses())
+	for _, e := range st.Engines {
+		if o := e.Observed; o.UnservedLegs != 0 || o.NoHandoff {
+			t.Errorf("through the sidecars, %s is marked: %+v", e.ID, *o)
+		}
+	}
+	if strings.Contains(log, "handoff check") {
+		t.Errorf("through the sidecars the handoff check spoke:\n%s", log)
+	}
+}
+
+// Load that does not come through Narwhal is seen in the engines' own metrics and counted: with
+// 24 long requests sent straight to the prefill emulator p1, e1 reports them as foreign (its
+// scheduler runs them, Narwhal placed none of them), its projected prefill work includes them,
+// and the requests Narwhal places meanwhile go to p2: p2 serves nearly every prefill leg.
+// (Before, Narwhal saw only its own requests and split the legs between the two.)
+func TestInteropForeignLoadSteersPlacement(t *testing.T) {
+	f := startPDFleet(t)
+	cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, f.addresses())+"controller: {advisory: true}\n")
+	admin, extproc, _ := start(t, "serve", "--config", cfg).serving(t)
+	waitFor(t, admin, 20*time.Second, "four active engines", allActive(4))
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() { close(stop); wg.Wait() }()
+	for range 24 {
+		wg.Go(func() { directStream(f.prefill[0].Addr, stop) })
+	}
+	if !poll.Within(20*time.Second, func() bool {
+		st, err := getStateAs[observedView](admin)
+		return err == nil && st.Engines[0].Observed != nil && st.Engines[0].Observed.Foreign >= 20
+	}) {
+		st, _ := getStateAs[observedView](admin)
+		t.Fatalf("e1's direct load is not seen as foreign: %+v", st.Engines[0])
+	}
+	before := [2]float64{f.prefill[0].Counter(t, "vllm:request_success_total", "finish_reason=remote_decode"),
+		f.prefill[1].Counter(t, "vllm:request_success_total", "finish_reason=remote_decode")}
+	sum, stderr, err := runLoad(cfg, admin, extproc, 10, 3)
+	if err != nil || sum.OK != sum.Sent {
+		t.Fatalf("%+v %v\n%s", sum, err, stderr)
+	}
+	p1 := f.prefill[0].Counter(t, "vllm:request_success_total", "finish_reason=remote_decode") - before[0]
+	p2 := f.prefill[1].Counter(t, "vllm:request_success_total", "finish_reason=remote_decode") - before[1]
+	if p1+p2 != float64(sum.Sent) || p2 < 0.9*float64(sum.Sent) {
+		t.Fatalf("%d requests: p1 served %v prefill legs, p2 %v; want p2 nearly all", sum.Sent, p1, p2)
+	}
+}
+
+// directStream sends one long streamed completion straight to an engine, again and again until
+// stop is closed.
+func directStream(addr string, stop <-chan struct{}) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { <-stop; cancel() }()
+	body := `{"model":"` + llmdtest.Model + `","prompt":"` + strings.Repeat("a quiet direct request ", 200) + `","max_tokens":3000,"stream":true}`
+	for ctx.Err() == nil {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			continue
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+	}
 }
