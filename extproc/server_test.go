@@ -383,18 +383,40 @@ func TestClientRoutingHeadersIgnored(t *testing.T) {
 	}
 }
 
-func TestNonStreamingResponseSkipsBody(t *testing.T) {
-	fx := newFixture(t, relaxed(gateway.Mode{}), nil)
-	code, _, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"abc","max_tokens":3}`, nil)
-	if code != 200 || !strings.Contains(body, `"usage"`) {
-		t.Fatalf("%d %s", code, body)
-	}
-	if o := fx.lastOutcome(); o.Record.ModeOverrides == 0 || o.Record.Timings.ResponseBodyMessages != 0 {
-		t.Fatalf("mode overrides %v, body messages %d", o.Record.ModeOverrides, o.Record.Timings.ResponseBodyMessages)
-	}
-	if s := fx.settle(); s.Counters.Completed != 1 {
-		t.Fatalf("%+v", s.Counters)
-	}
+// A whole (non-streamed) JSON response carries usage whether the client asked or not: with the
+// bytes sizing, Narwhal reads its body and calibrates on it (issue 33: sizing calibrated only
+// on streams that asked for usage). With bpe sizing nothing calibrates, and the body is skipped.
+func TestNonStreamingResponse(t *testing.T) {
+	t.Run("bytes sizing reads its usage", func(t *testing.T) {
+		var sizer *extproc.Sizer
+		fx := newFixtureWith(t, relaxed(gateway.Mode{}), nil, func(o *extproc.Options) { sizer = o.Sizer })
+		code, _, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"abc","max_tokens":3}`, nil)
+		if code != 200 || !strings.Contains(body, `"usage"`) {
+			t.Fatalf("%d %s", code, body)
+		}
+		if o := fx.lastOutcome(); o.Record.Timings.ResponseBodyMessages == 0 {
+			t.Fatalf("the body was not observed: mode overrides %v", o.Record.ModeOverrides)
+		}
+		if s := fx.settle(); s.Counters.Completed != 1 {
+			t.Fatalf("%+v", s.Counters)
+		}
+		if e := sizer.Errors(); len(e) != 1 || e[0].Model != "m" || e[0].Samples != 1 {
+			t.Fatalf("sizing samples %+v, want one for model m", e)
+		}
+	})
+	t.Run("bpe sizing skips the body", func(t *testing.T) {
+		fx := newFixture(t, relaxed(gateway.Mode{}), func(c *config.Config) { c.Router.Sizing.Method = config.SizingBPE })
+		code, _, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"abc","max_tokens":3}`, nil)
+		if code != 200 || !strings.Contains(body, `"usage"`) {
+			t.Fatalf("%d %s", code, body)
+		}
+		if o := fx.lastOutcome(); o.Record.ModeOverrides == 0 || o.Record.Timings.ResponseBodyMessages != 0 {
+			t.Fatalf("mode overrides %v, body messages %d", o.Record.ModeOverrides, o.Record.Timings.ResponseBodyMessages)
+		}
+		if s := fx.settle(); s.Counters.Completed != 1 {
+			t.Fatalf("%+v", s.Counters)
+		}
+	})
 }
 
 func TestCancelWhileWaiting(t *testing.T) {

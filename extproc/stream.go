@@ -85,6 +85,7 @@ type placement struct {
 type observation struct {
 	obs     ResponseObserver
 	firstAt time.Time
+	whole   bool // a whole JSON response observed for its usage only (no first token of its own)
 }
 
 // to moves the request to phase p; phases only move forward.
@@ -460,6 +461,13 @@ func (st *stream) responseHeaders(h *extprocv3.HttpHeaders) {
 		}
 		st.settle("fail", st.s.placer.Fail(st.pl.handle, why))
 		st.reply(continueResponseHeaders(skip))
+	case !h.GetEndOfStream() && strings.HasPrefix(ctype, "application/json") && st.s.sizer != nil && st.s.sizer.Method() == config.SizingBytes:
+		// A whole JSON response: it carries usage whether the client asked or not (vLLM's), and
+		// the bytes sizing calibrates from it; settled at its end.
+		st.resp.whole = true
+		st.resp.obs.SetStreaming(false)
+		st.to(phaseStreaming)
+		st.reply(continueResponseHeaders(false))
 	case !strings.HasPrefix(ctype, "text/event-stream") || h.GetEndOfStream():
 		// A whole response at once: the engine has finished.
 		st.settle("complete", st.s.placer.Complete(st.pl.handle, 0))
@@ -475,7 +483,7 @@ func (st *stream) responseBody(b *extprocv3.HttpBody) {
 	if st.phase == phaseStreaming {
 		r := &st.resp
 		r.obs.Write(b.GetBody())
-		if r.firstAt.IsZero() && r.obs.FirstToken() {
+		if r.firstAt.IsZero() && !r.whole && r.obs.FirstToken() {
 			r.firstAt = st.s.now()
 			st.s.routerErr(st.req.id, "first_token", st.s.placer.FirstToken(st.pl.handle))
 			st.s.metrics.observeTTFT(st.pl.projTTFT, r.firstAt.Sub(st.req.arrival).Seconds())
