@@ -174,6 +174,9 @@ type run struct {
 	probe    *Probe
 	metrics0 engineclient.Metrics
 	kvSeen   []float64 // KV capacity estimates from the decode batches' scrapes
+	// kvRan is the most KV tokens a batch held (streams × (prompt + output)) that ran without
+	// queueing: a KV cache the engine reports smaller than this does not bind it.
+	kvRan int
 }
 
 func (p *run) note(format string, args ...any) {
@@ -408,6 +411,7 @@ func (p *run) decode(deadline time.Time) error {
 			p.r.Decode = append(p.r.Decode, pt)
 		}
 		p.kvFromSamples(&b)
+		p.kvRan = max(p.kvRan, c.streams*(c.prompt+p.o.DecodeTokens))
 	}
 	p.progress("decode", len(cells), len(cells), "fitting")
 	var x [][]float64
@@ -523,6 +527,7 @@ func (p *run) limits(deadline time.Time) error {
 			}
 			p.r.MaxStreams = Limit{Value: b, How: fmt.Sprintf("no queueing with %d streams", b)}
 			p.kvFromSamples(&bt)
+			p.kvRan = max(p.kvRan, b*(short+out))
 			if tried = b; b == p.o.MaxStreamsProbe {
 				break
 			}
@@ -530,8 +535,14 @@ func (p *run) limits(deadline time.Time) error {
 	}
 	p.progress("limits", 1, 2, "KV")
 	switch {
+	case p.metrics0.KVCapacity > 0 && p.kvRan > p.metrics0.KVCapacity:
+		// The engine's KV cache as it reports it does not bind: batches holding more ran
+		// without queueing (an emulator that does not model its cache; a cache config read
+		// wrong). What ran is a floor.
+		p.r.MaxKV = Limit{Value: p.kvRan, How: fmt.Sprintf("%d KV tokens ran without queueing, more than the engine's reported KV cache (%d)", p.kvRan, p.metrics0.KVCapacity)}
+		p.note("limits: the engine reports a KV cache of %d tokens, but batches holding %d ran without queueing: max_kv_tokens is what ran, a floor (probe further with --max-batch)", p.metrics0.KVCapacity, p.kvRan)
 	case p.metrics0.KVCapacity > 0:
-		p.r.MaxKV = Limit{Value: p.metrics0.KVCapacity, Reached: true, How: "vllm:cache_config_info (num_gpu_blocks × block_size)"}
+		p.r.MaxKV = Limit{Value: p.metrics0.KVCapacity, Reached: true, How: "the engine's reported KV cache (vllm:cache_config_info num_gpu_blocks × block_size, or sglang:max_total_num_tokens)"}
 	case len(p.kvSeen) > 0:
 		p.r.MaxKV = Limit{Value: int(median(p.kvSeen)), Reached: true,
 			How: fmt.Sprintf("resident tokens / vllm:kv_cache_usage_perc, the median of %d scrapes", len(p.kvSeen))}

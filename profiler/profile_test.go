@@ -3,6 +3,7 @@ package profiler
 import (
 	"bytes"
 	"context"
+	"io"
 	"math"
 	"net"
 	"net/http"
@@ -223,5 +224,61 @@ func TestProfileKeepsWhatItMeasured(t *testing.T) {
 	}
 	if strings.Contains(s, "decode: {") {
 		t.Errorf("a decode curve from no decode batch:\n%s", s)
+	}
+}
+
+// An engine that reports a KV cache smaller than the batches it runs without queueing (llm-d's
+// emulator reports 1,024 blocks of 16 and runs far more): max_kv_tokens is what ran, a floor,
+// and the profile says why. (Before, the reported 16,384 was taken unchecked, and placement
+// kept streams off an engine that had room.)
+func TestProfileChecksTheReportedKVCache(t *testing.T) {
+	engine := serveEngine(t, config.DefaultProfile(), 16384)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req, _ := http.NewRequestWithContext(r.Context(), r.Method, engine+r.URL.Path, r.Body)
+		req.Header = r.Header.Clone()
+		req.Header.Del("Accept-Encoding") // plain text, to append to
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		for k, v := range resp.Header {
+			w.Header()[k] = v
+		}
+		w.Header().Del("Content-Length") // /metrics grows by a line
+		w.WriteHeader(resp.StatusCode)
+		flush := func() {
+			if f, ok := w.(http.Flusher); ok {
+				f.Flush()
+			}
+		}
+		buf := make([]byte, 4096)
+		for {
+			n, err := resp.Body.Read(buf)
+			_, _ = w.Write(buf[:n])
+			flush()
+			if err != nil {
+				break
+			}
+		}
+		if r.URL.Path == "/metrics" {
+			_, _ = io.WriteString(w, "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"8\"} 1\n")
+		}
+	}))
+	defer proxy.Close()
+	e, err := NewEngine(proxy.URL, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(context.Background(), Options{Engine: e, Budget: 8 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.MaxKV.Value <= 128 || res.MaxKV.Reached || !strings.Contains(res.MaxKV.How, "more than the engine's reported KV cache (128)") {
+		t.Fatalf("max_kv_tokens %+v: want what ran, above the reported 128", res.MaxKV)
+	}
+	if !strings.Contains(strings.Join(res.Notes, "\n"), "reports a KV cache of 128 tokens") {
+		t.Fatalf("no note: %q", res.Notes)
 	}
 }
