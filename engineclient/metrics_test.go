@@ -178,3 +178,19 @@ func BenchmarkParseMetrics(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkParseMetricsExpfmt is the same reading through Prometheus's parser (the reference
+// of FuzzParseMetrics), for the ratio docs/benchmarks.md gives.
+func BenchmarkParseMetricsExpfmt(b *testing.B) {
+	raw, err := os.ReadFile("testdata/llm-d-inference-sim.metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(raw)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := referenceMetrics(raw); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
