@@ -361,7 +361,7 @@ func (r *Router) Snapshot(now time.Time) Snapshot {
 		})
 		if e.obs.ok {
 			o := e.obs.last
-			o.UnservedLegs, o.NoHandoff = r.unservedLegs(e), e.obs.unproven >= handoffsUnproven
+			o.UnservedLegs = r.unservedLegs(e) // NoHandoff as the latest observation set it
 			s.Engines[len(s.Engines)-1].Observed = &o
 		}
 	}

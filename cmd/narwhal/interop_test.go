@@ -321,7 +321,7 @@ type observedView struct {
 // leaves no mark. (Before, serve counted every request as disaggregated and said nothing.)
 func TestInteropServeNoticesDecodeEnginesThatDoNotHandOff(t *testing.T) {
 	f := startPDFleet(t)
-	marks := func(addrs []string) (observedView, string) {
+	marks := func(addrs []string) (observedView, func() string) {
 		t.Helper()
 		cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, addrs)+"controller: {advisory: true}\n")
 		srv := start(t, "serve", "--config", cfg)
@@ -345,17 +345,18 @@ func TestInteropServeNoticesDecodeEnginesThatDoNotHandOff(t *testing.T) {
 			for _, e := range st.Engines {
 				marked = marked || e.Observed != nil && e.Observed.NoHandoff
 			}
-			return err == nil && n == 4 && marked
+			// the line follows the mark by a moment
+			return err == nil && n == 4 && marked && (addrs[2] == f.sidecars[0].Addr || strings.Contains(srv.out.String(), "handoff check: this decode engine"))
 		}) {
 			raw, _ := getStateAs[map[string]any](admin)
 			t.Fatalf("the engines' metrics were not read: %+v\n%s", raw["engines"], srv.out.String())
 		}
-		return st, srv.out.String()
+		return st, srv.out.String
 	}
 
 	// The load is light: placement may keep to one pair. Every decode engine that was sent
 	// requests is marked, and the prefill engines they named.
-	st, log := marks([]string{f.prefill[0].Addr, f.prefill[1].Addr, f.decode[0].Addr, f.decode[1].Addr})
+	st, logs := marks([]string{f.prefill[0].Addr, f.prefill[1].Addr, f.decode[0].Addr, f.decode[1].Addr})
 	unserved, noHandoff := 0, 0
 	for _, e := range st.Engines {
 		if e.Observed.UnservedLegs >= 8 {
@@ -363,12 +364,13 @@ func TestInteropServeNoticesDecodeEnginesThatDoNotHandOff(t *testing.T) {
 		}
 		if e.Observed.NoHandoff {
 			noHandoff++
-			if !strings.Contains(log, "this decode engine does not use the prefill engines it is named\" engine="+e.ID) &&
-				!strings.Contains(log, "and check with narwhal preflight\" engine="+e.ID) {
-				t.Errorf("%s is marked no_handoff without its log line:\n%s", e.ID, log)
+			// The line follows the mark by a moment (logged once the reading is applied).
+			if !poll.Within(5*time.Second, func() bool { return strings.Contains(logs(), "and check with narwhal preflight\" engine="+e.ID) }) {
+				t.Errorf("%s is marked no_handoff without its log line:\n%s", e.ID, logs())
 			}
 		}
 	}
+	log := logs()
 	if unserved == 0 || noHandoff == 0 || st.Engines[0].Observed.NoHandoff || st.Engines[1].Observed.NoHandoff {
 		t.Errorf("directly addressed decode engines: %d prefill engines show unserved legs, %d decode engines no_handoff: %+v", unserved, noHandoff, st)
 	}
@@ -376,7 +378,8 @@ func TestInteropServeNoticesDecodeEnginesThatDoNotHandOff(t *testing.T) {
 		t.Errorf("the no-handoff line said %d times for %d marked engines:\n%s", n, noHandoff, log)
 	}
 
-	st, log = marks(f.addresses())
+	st, logs = marks(f.addresses())
+	log = logs()
 	for _, e := range st.Engines {
 		if o := e.Observed; o.UnservedLegs != 0 || o.NoHandoff {
 			t.Errorf("through the sidecars, %s is marked: %+v", e.ID, *o)

@@ -89,6 +89,11 @@ func TestPage(t *testing.T) {
 	if want := "tile-e1=prefill/active tile-e2=prefill/active tile-e3=decode/active tile-e4=decode/active"; strings.Join(roles, " ") != want {
 		t.Fatalf("tiles %v, want %s", roles, want)
 	}
+	// Each tile says what its engine's own metrics say (health.metrics, read every 2 s).
+	engineSays := `[...document.querySelectorAll(".tile .o")].every(o => o.textContent.startsWith("engine: ") && o.textContent.includes(" run · "))`
+	if _, err := chromedp.Run(tctx, chromedp.Poll[chromedp.Void](engineSays, chromedp.WithPollingInterval(100*time.Millisecond))); err != nil {
+		t.Fatalf("the tiles do not show the engines' metrics: %v", err)
+	}
 	// The timeline has samples with both decode engines live before the drain.
 	lastDecode := `(() => { const p = document.querySelector("#split polyline[data-series=decode]"); if (!p) return ""; const pts = p.getAttribute("points").trim().split(" "); return pts[pts.length-1].split(",")[1]; })()`
 	if _, err := chromedp.Run(tctx, chromedp.Poll[chromedp.Void](lastDecode+` !== ""`)); err != nil {
