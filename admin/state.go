@@ -99,6 +99,9 @@ type EngineState struct {
 	Source string `json:"source"`
 	// Profile is the engine's profile.
 	Profile string `json:"profile"`
+	// Unconfirmed: readmitted by probes that never failed after the data path failed it (they
+	// may not reach the engine itself); its readmission kept its role.
+	Unconfirmed bool `json:"unconfirmed,omitempty"`
 	// Observed is what the engine's own metrics said at their latest reading (health.metrics):
 	// absent while they are not read or cannot be.
 	Observed *router.Observed `json:"observed,omitempty"`
@@ -141,7 +144,7 @@ func engineState(e *fleet.Engine) EngineState {
 		RoleSince: rfc3339(e.RoleSince), LifecycleSince: rfc3339(e.LifecycleSince),
 		Correction: router.Correction{Prefill: 1, Decode: 1},
 		Switch:     config.SwitchRouting, SwitchAsked: e.SwitchAsked,
-		Source: e.Source, Profile: e.Profile,
+		Source: e.Source, Profile: e.Profile, Unconfirmed: e.Unconfirmed,
 	}
 	if e.InPlace {
 		es.Switch = config.SwitchSGLang

@@ -19,7 +19,10 @@ import (
 //     recovering is readmitted (active); one failed probe while recovering fails it again;
 //   - an engine an operator holds drained keeps draining whatever its probes say;
 //   - streaks count from the engine's last lifecycle change, whoever made it: an engine that
-//     passive health checking marked failed needs health.healthy_after good probes from then.
+//     passive health checking marked failed needs health.healthy_after good probes from then;
+//   - an engine failed by someone else (passive health) whose probes then never fail until it
+//     is readmitted is readmitted unconfirmed (fleet.Engine.Unconfirmed): the probes may not
+//     reach the engine itself, and its readmission keeps its role.
 //
 // It keeps only the consecutive-result streaks and changes nothing: Observe returns the
 // transition, and the caller applies it to the fleet (Apply does both, as the monitor does).
@@ -32,6 +35,9 @@ type Health struct {
 type streak struct {
 	ok, failed int
 	since      time.Time // the lifecycle change the streak counts from
+	// unseen: the engine was failed by someone other than the probes, and no probe has failed
+	// since (kept across the probes' own changes: recovering, then active).
+	unseen bool
 }
 
 // NewHealth returns the health core.
@@ -80,12 +86,12 @@ func (h *Health) Observe(now time.Time, e fleet.Engine, ok bool) fleet.Lifecycle
 		h.streaks[e.ID] = s
 	}
 	if !s.since.Equal(e.LifecycleSince) {
-		*s = streak{since: e.LifecycleSince}
+		*s = streak{since: e.LifecycleSince, unseen: e.Lifecycle == fleet.Failed}
 	}
 	if ok {
 		s.ok, s.failed = s.ok+1, 0
 	} else {
-		s.ok, s.failed = 0, s.failed+1
+		s.ok, s.failed, s.unseen = 0, s.failed+1, false
 	}
 	if e.Held {
 		*s = streak{}
@@ -107,10 +113,16 @@ func Apply(h *Health, f *fleet.Fleet, now time.Time, id string, ok bool) (fleet.
 		return 0, fmt.Errorf("%w %q", fleet.ErrUnknownEngine, id)
 	}
 	to := h.Observe(now, e, ok)
-	if to == 0 {
+	var err error
+	switch to {
+	case 0:
 		return 0, nil
+	case fleet.Active:
+		_, err = f.Readmit(id, now, "health", h.streaks[id].unseen)
+	default:
+		_, err = f.SetLifecycle(id, to, now, "health")
 	}
-	if _, err := f.SetLifecycle(id, to, now, "health"); err != nil {
+	if err != nil {
 		return 0, err
 	}
 	return to, nil

@@ -306,3 +306,63 @@ func TestHealthCountsFromPassiveFailure(t *testing.T) {
 		}
 	}
 }
+
+// An engine the data path failed (passive health) whose probes never fail until it is
+// readmitted is readmitted unconfirmed: the probes may not reach the engine itself (llm-d's P/D
+// sidecar answers /health for a dead engine; issue 33). One failed probe in between confirms
+// them; a failure the probes made themselves is confirmed from the start.
+func TestHealthReadmitsUnconfirmed(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		passive     bool
+		badProbe    bool // one failed probe while failed
+		unconfirmed bool
+	}{
+		{"passive, probes always good", true, false, true},
+		{"passive, a probe failed since", true, true, false},
+		{"failed by its probes", false, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, f := testFleet(t)
+			h := NewHealth(cfg.Health)
+			now := t0
+			probe := func(ok bool) fleet.Lifecycle {
+				t.Helper()
+				now = now.Add(time.Second)
+				to, err := Apply(h, f, now, "e3", ok)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return to
+			}
+			if c.passive {
+				if _, err := f.SetLifecycle("e3", fleet.Failed, now, "passive: 3 upstream failures in a row"); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				for probe(false) != fleet.Failed {
+				}
+			}
+			if c.badProbe {
+				probe(false)
+			}
+			for probe(true) != fleet.Recovering {
+			}
+			now = now.Add(config.Seconds(cfg.Health.RecoverS))
+			if to := probe(true); to != fleet.Active {
+				t.Fatalf("not readmitted: %v", to)
+			}
+			e, _ := f.Engine("e3")
+			if e.Unconfirmed != c.unconfirmed {
+				t.Fatalf("readmitted unconfirmed=%t, want %t", e.Unconfirmed, c.unconfirmed)
+			}
+			// The next lifecycle change clears it.
+			if _, err := f.Drain("e3", now, "test"); err != nil {
+				t.Fatal(err)
+			}
+			if e, _ := f.Engine("e3"); e.Unconfirmed {
+				t.Fatal("unconfirmed kept after a drain")
+			}
+		})
+	}
+}

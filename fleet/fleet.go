@@ -217,6 +217,19 @@ func (f *Fleet) SetLifecycle(id string, to Lifecycle, now time.Time, cause strin
 	})
 }
 
+// Readmit makes a recovering engine active on its probes; unconfirmed says none of them failed
+// after the data path failed it (Engine.Unconfirmed).
+func (f *Fleet) Readmit(id string, now time.Time, cause string, unconfirmed bool) (Engine, error) {
+	return f.update(id, func(e *Engine) ([]Event, error) {
+		if e.Lifecycle != Recovering {
+			return nil, fmt.Errorf("%w: engine %s: %s -> active is not a readmission", ErrTransition, e.ID, e.Lifecycle)
+		}
+		ev, err := setLifecycle(e, Active, now, cause)
+		e.Unconfirmed = unconfirmed
+		return []Event{ev}, err
+	})
+}
+
 // SetRole moves an engine to another role. Pinned engines keep theirs. The role-since time
 // restarts (dwell counts from it).
 func (f *Fleet) SetRole(id string, to Role, now time.Time, cause string) (Engine, error) {
@@ -487,7 +500,7 @@ func setLifecycle(e *Engine, to Lifecycle, now time.Time, cause string) (Event, 
 		return Event{}, fmt.Errorf("%w: engine %s: %s -> %s", ErrTransition, e.ID, e.Lifecycle, to)
 	}
 	ev := Event{Time: now, Kind: EventLifecycle, Engine: e.ID, From: e.Lifecycle.String(), To: to.String(), Cause: cause}
-	e.Lifecycle, e.LifecycleSince = to, now
+	e.Lifecycle, e.LifecycleSince, e.Unconfirmed = to, now, false
 	return ev, nil
 }
 

@@ -156,6 +156,11 @@ type Engine struct {
 	// RoleOpen: the engine joined without a role from its source; Role is provisional, and the
 	// controller gives it the role pricing says is needed when it becomes active (readmission).
 	RoleOpen bool
+	// Unconfirmed: readmitted (Readmit) by probes none of which failed after something other
+	// than the probes — passive health, the data path — failed it: the probes may not reach the
+	// engine itself (a sidecar answering them for it), so its readmission keeps its role.
+	// Cleared by its next lifecycle change; not durable.
+	Unconfirmed bool
 }
 
 // SourceConfig is the Source of the config's engines.

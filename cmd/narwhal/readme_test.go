@@ -9,10 +9,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/internal/poll"
 )
 
 // readme is the README's text.
@@ -170,9 +172,15 @@ func TestReadmeStateExample(t *testing.T) {
 		t.Fatalf("README /narwhal/state example is not JSON: %v", err)
 	}
 	admin := serveActive(t, "prefill", "decode")
-	live, err := getStateAs[map[string]any](admin)
-	if err != nil {
-		t.Fatal(err)
+	var live map[string]any
+	var err error
+	// Once the engines' metrics are read (health.metrics: the first reading follows the start).
+	if !poll.Within(10*time.Second, func() bool {
+		live, err = getStateAs[map[string]any](admin)
+		engines, _ := live["engines"].([]any)
+		return err == nil && len(engines) > 0 && engines[0].(map[string]any)["observed"] != nil
+	}) {
+		t.Fatalf("no live answer with the engines' metrics read: %v %v", live, err)
 	}
 	kind := func(v any) string { return fmt.Sprintf("%T", v) }
 	var same func(path string, ex, lv any)

@@ -58,7 +58,7 @@ func (d *Driver) At(td *datadriven.TestData) time.Time {
 //	offer id=r1 tokens=N [max=N] [nostream] [prefix=a,b,c] [at=S]
 //	first id=r1 [at=S]      complete id=r1 [tokens=N] [at=S]
 //	fail id=r1 [upstream] [at=S]        cancel id=r1 [at=S]
-//	lifecycle id=e1 to=failed|draining|recovering|active [at=S]
+//	lifecycle id=e1 to=failed|draining|recovering|active [unconfirmed] [at=S]
 //	role id=e3 to=prefill|decode [at=S]  (a role change made outside any controller)
 //	add id=e4 role=prefill|decode|open [at=S]   (joins recovering: bring it up with lifecycle)
 //	remove id=e3 [at=S]
@@ -173,7 +173,11 @@ func (d *Driver) fleetChange(td *datadriven.TestData, b *strings.Builder) {
 		if !ok {
 			d.T.Fatalf("%s: unknown lifecycle %q", td.Pos, to)
 		}
-		_, err = d.Fleet.SetLifecycle(id, l, now, "test")
+		if td.HasArg("unconfirmed") { // readmitted by probes that never saw the data path's failure
+			_, err = d.Fleet.Readmit(id, now, "test", true)
+		} else {
+			_, err = d.Fleet.SetLifecycle(id, l, now, "test")
+		}
 	}
 	if err != nil {
 		fmt.Fprintf(b, "error: %v\n", err)
