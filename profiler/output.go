@@ -39,6 +39,12 @@ func (r *Result) WriteYAML(w io.Writer, name string) bool {
 		c("kv_transfer_s: the median over %d prompt lengths of the handoff through the prefiller", len(r.KVTransfer))
 	}
 	c("prefill_concurrency is Narwhal's dispatch depth, not measured: the default")
+	if r.Together > 0 {
+		c("prefill of %d prompts of %d tokens at once: the last first token after %.2f of the time one after another (1 = one at a time, as projected)", r.TogetherPrompts, r.TogetherTokens, r.Together)
+	}
+	if len(r.KVTransfer) > 0 && slices.Max(r.KVTransfer) == 0 {
+		c("kv_transfer_s 0: the first token through the prefiller came no later than the prefill alone plus one decode step (an engine that streams its first token as soon as the KV arrives)")
+	}
 	prof, ok := r.Profile()
 	if ok {
 		fmt.Fprintf(&b, "profiles:\n  %s:\n", name)

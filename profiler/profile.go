@@ -95,7 +95,13 @@ type Result struct {
 	MaxStreams Limit
 	MaxKV      Limit
 	KVTransfer []float64 // one estimate per handoff measured
-	Notes      []string  // what stopped where, and why
+	// Together is the prefill of TogetherPrompts prompts of TogetherTokens sent at once: the last
+	// first token's time over the fitted time of that many one after another (1: the engine
+	// prefills one prompt at a time, as Narwhal's projection runs them; lower: it prefills them
+	// together). 0 when not measured.
+	Together                        float64
+	TogetherPrompts, TogetherTokens int
+	Notes                           []string // what stopped where, and why
 	// Err is what cut the run short (the results so far are kept); nil when it ran through.
 	Err     error
 	Elapsed time.Duration
@@ -289,7 +295,40 @@ ladder:
 	} else if err == nil {
 		err = fmt.Errorf("prefill: %w (%d lengths measured)", e, len(y))
 	}
+	if err == nil {
+		err = p.together(deadline)
+	}
 	return err
+}
+
+// together sends prefill_concurrency prompts at once (the dispatch depth placement gives a
+// prefill engine) and compares the last first token with the fitted time of as many one after
+// another: Narwhal projects a prefill engine's dispatched prompts in FIFO order, and an engine
+// that prefills them together runs ahead of that (the online correction then learns the
+// difference; the profile says so).
+func (p *run) together(deadline time.Time) error {
+	k := config.DefaultProfile().PrefillConcurrency
+	n := min(1024, p.r.PromptTop/2)
+	serial := float64(k) * p.prefillSeconds(n)
+	if time.Until(deadline).Seconds() < 2*serial {
+		p.note("prefill: the budget left no time to prefill %d prompts at once", k)
+		return nil
+	}
+	p.progress("prefill", 1, 1, fmt.Sprintf("%d prompts at once", k))
+	b := p.probe.batch(p.ctx, k, n, 1, false)
+	if b.err != nil {
+		return fmt.Errorf("prefill, %d prompts of %d tokens at once: %w", k, n, b.err)
+	}
+	last := time.Duration(0)
+	for _, t := range b.traces {
+		last = max(last, t.TTFT())
+	}
+	p.r.Together, p.r.TogetherPrompts, p.r.TogetherTokens = max(0, (last-p.probe.RTT).Seconds())/serial, k, n
+	if p.r.Together < 0.85 {
+		p.note("prefill: %d prompts of %d tokens sent at once all had their first tokens after %.2f of the time one after another takes: this engine prefills prompts together; Narwhal projects them one after another, and its online correction learns the difference (engines[].correction in /narwhal/state)",
+			k, n, p.r.Together)
+	}
+	return nil
 }
 
 // ladder is 1.5× steps from lo up to top, top included.
