@@ -15,7 +15,7 @@ type routerCollector struct {
 	waiting, waitingTokens, prefilling, decoding, awaiting, demand                            *prometheus.Desc
 	prefillResidents, decodeResidents, correction                                             *prometheus.Desc
 	contextExceeded, ejections, upstreamFailures, ejected                                     *prometheus.Desc
-	observed, kvUsage, foreign, unservedLegs, noHandoff                                       *prometheus.Desc
+	passedThrough, observed, kvUsage, foreign, unservedLegs, noHandoff                        *prometheus.Desc
 }
 
 // RegisterRouter exports the router's counters, retained demand, demand estimates and engine
@@ -46,6 +46,7 @@ func RegisterRouter(reg prometheus.Registerer, src interface{ Snapshot() router.
 		correction:       d("engine_profile_correction", "Online profile correction factor per engine and phase.", "engine", "phase"),
 		contextExceeded:  d("context_length_exceeded_total", "Offers answered 400 context_length_exceeded: no engine of the fleet could hold them (also in invalid)."),
 		ejections:        d("passive_ejections_total", "Engines taken out of placement by passive health checking (health.passive)."),
+		passedThrough:    d("passed_through_total", "Requests outside router.paths sent to an engine Narwhal picked (behind a GIE gateway every request comes through Narwhal); not offers."),
 		upstreamFailures: d("engine_upstream_failures", "Upstream failures in a row on the data path per engine (passive health).", "engine"),
 		ejected:          d("engine_ejected", "1 while passive health checking holds the engine out of placement.", "engine"),
 		observed:         d("engine_observed_requests", "The requests an engine's own metrics report (health.metrics), by state (running, waiting).", "engine", "state"),
@@ -60,7 +61,7 @@ func (c *routerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.offers, c.invalid, c.admitted, c.overflow, c.dispatched, c.completed,
 		c.failed, c.cancelled, c.ftTimeouts, c.waiting, c.waitingTokens, c.prefilling, c.decoding, c.awaiting,
 		c.demand, c.prefillResidents, c.decodeResidents, c.correction, c.contextExceeded, c.ejections,
-		c.upstreamFailures, c.ejected, c.observed, c.kvUsage, c.foreign, c.unservedLegs, c.noHandoff} {
+		c.upstreamFailures, c.ejected, c.passedThrough, c.observed, c.kvUsage, c.foreign, c.unservedLegs, c.noHandoff} {
 		ch <- d
 	}
 }
@@ -85,6 +86,7 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.overflow, n.Overflow.ShuttingDown, "shutting_down")
 	counter(c.contextExceeded, n.ContextLengthExceeded)
 	counter(c.ejections, n.Ejections)
+	counter(c.passedThrough, n.PassedThrough)
 	counter(c.dispatched, n.Dispatched.Disaggregated, "disaggregated")
 	counter(c.dispatched, n.Dispatched.Aggregate, "aggregate")
 	counter(c.completed, n.Completed)

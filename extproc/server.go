@@ -33,6 +33,7 @@ type Placer interface {
 	Complete(h router.Handle, outputTokens int) error
 	Fail(h router.Handle, why router.Failure) error
 	Cancel(h router.Handle) error
+	PassThrough(kind router.PassKind) (addr string, ok bool)
 }
 
 var _ Placer = (*router.Live)(nil)
@@ -284,6 +285,20 @@ func (s *Server) requestID(fromEnvoy string) string {
 		return fromEnvoy
 	}
 	return "nw-" + strconv.FormatUint(s.ids.Add(1), 36)
+}
+
+// passKind is what a path outside router.paths asks of an engine: a prompt read and nothing
+// generated (embeddings, scoring, tokenizing: vLLM's pooling and tokenizer endpoints), or
+// anything else.
+func passKind(path string) router.PassKind {
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	switch strings.TrimPrefix(path, "/v1") {
+	case "/embeddings", "/score", "/rerank", "/classify", "/pooling", "/tokenize", "/detokenize":
+		return router.PassPrompt
+	}
+	return router.PassAny
 }
 
 // routed reports whether a path (query stripped) is one of router.paths.

@@ -375,11 +375,74 @@ func TestClientRoutingHeadersIgnored(t *testing.T) {
 	if v := o.Placement.Values("x-narwhal-decode-host-port"); len(v) != 0 {
 		t.Fatalf("client's x-narwhal-decode-host-port survived: %v", v)
 	}
-	// An unprocessed path: the headers are removed, and the request goes to the default upstream.
+	// A path Narwhal does not place: the client's headers are removed, and the destination is
+	// the engine Narwhal picks (TestPassThrough), never the client's.
 	code, _, _ = fx.post(context.Background(), "/v1/models", "", evil)
 	o = fx.lastOutcome()
-	if o.Route != gateway.RouteDefault || o.Record.RequestHeaders.Has(wire.HeaderDestination) || o.Record.RequestHeaders.Has(wire.HeaderPrefiller) {
-		t.Fatalf("pass-through: %d route %s headers %v", code, o.Route, o.Record.RequestHeaders)
+	if v := o.Placement.Values(wire.HeaderDestination); len(v) != 1 || strings.HasPrefix(v[0], "10.9.9.9") || len(o.Placement.Values(wire.HeaderPrefiller)) > 0 {
+		t.Fatalf("pass-through: %d route %s headers %v", code, o.Route, o.Placement)
+	}
+}
+
+// Behind a Gateway API Inference Extension gateway every request goes through the picker and to
+// the endpoint it names: a request Narwhal does not place (/v1/models, /v1/embeddings, /health)
+// is sent to a live engine, the least loaded, a prefill engine for a prompt-only request, and
+// counted apart from the offers. (Before, it got no destination: 503 no healthy upstream.)
+func TestPassThrough(t *testing.T) {
+	fx := newFixture(t, relaxed(gateway.Mode{}), nil)
+	gw, hs := envoytest.StartGateway(t, fx.extproc, relaxed(gateway.Mode{}), gateway.WithAllPathsRouted())
+	get := func(method, path string) (int, gateway.Outcome) {
+		t.Helper()
+		req, _ := http.NewRequest(method, hs.URL+path, strings.NewReader(`{"model":"m","input":"hello"}`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		outs := gw.Outcomes()
+		return resp.StatusCode, outs[len(outs)-1]
+	}
+	engineOf := func(o gateway.Outcome) string {
+		for id, addr := range fx.addr {
+			if addr == o.Destination {
+				return id
+			}
+		}
+		return "none (" + o.Destination + ")"
+	}
+	seen := map[string]bool{}
+	for range 4 { // idle engines: each in turn
+		code, o := get(http.MethodGet, "/v1/models")
+		if code != 200 || o.Route != gateway.RouteOriginalDst {
+			t.Fatalf("GET /v1/models: %d, route %s to %q", code, o.Route, o.Destination)
+		}
+		seen[engineOf(o)] = true
+	}
+	if len(seen) != 4 {
+		t.Errorf("four idle engines, GET /v1/models went to %v", seen)
+	}
+	for _, path := range []string{"/v1/embeddings", "/tokenize"} {
+		if _, o := get(http.MethodPost, path); engineOf(o) != "e1" && engineOf(o) != "e2" {
+			t.Errorf("POST %s went to %s, not a prefill engine", path, engineOf(o))
+		}
+	}
+	if code, o := get(http.MethodGet, "/health"); code != 200 || o.Destination == "" {
+		t.Errorf("GET /health: %d to %q", code, o.Destination)
+	}
+	s := fx.settle()
+	if s.Counters.PassedThrough != 7 || s.Counters.Offers != 0 {
+		t.Fatalf("passed_through %d, offers %d: want 7 and 0", s.Counters.PassedThrough, s.Counters.Offers)
+	}
+	// With no engine live the request goes on without a destination (the route decides).
+	for _, id := range []string{"e1", "e2", "e3", "e4"} {
+		if _, err := fx.fleet.SetLifecycle(id, fleet.Failed, time.Now(), "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fx.live.SetFleet(fx.fleet.Snapshot())
+	if code, o := get(http.MethodGet, "/v1/models"); code != 503 || o.Destination != "" {
+		t.Fatalf("no live engine: %d to %q", code, o.Destination)
 	}
 }
 

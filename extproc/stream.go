@@ -259,8 +259,7 @@ func (st *stream) requestHeaders(h *extprocv3.HttpHeaders) {
 	}
 	st.req.routed, st.req.chat = st.s.routed(path)
 	if !st.req.routed {
-		st.to(phasePassing)
-		st.reply(continueRequestHeaders(mut))
+		st.passThrough(path, mut)
 		return
 	}
 	st.req.id = st.s.requestID(envoyID)
@@ -280,6 +279,26 @@ func (st *stream) requestHeaders(h *extprocv3.HttpHeaders) {
 	if !st.x.fullDuplex {
 		st.reply(continueRequestHeaders(mut))
 	}
+}
+
+// passThrough sends a request outside router.paths on untouched but for its destination: the
+// engine the router picks for it (router.PassThrough), named as a placement names its engine,
+// so that behind a gateway whose every request goes through Narwhal (the Gateway API Inference
+// Extension's) /v1/models, /v1/embeddings or /health reach an engine. With no live engine it
+// goes on without one (the route decides).
+func (st *stream) passThrough(path string, mut *extprocv3.HeaderMutation) {
+	st.to(phasePassing)
+	addr, ok := st.s.placer.PassThrough(passKind(path))
+	if !ok {
+		st.reply(continueRequestHeaders(mut))
+		return
+	}
+	if mut == nil {
+		mut = &extprocv3.HeaderMutation{}
+	}
+	c := &st.s.shared
+	mut.SetHeaders = append(mut.SetHeaders, c.header(wire.HeaderDestination, addr))
+	st.reply(placementReply(mut, c.lbMetadata(addr), true))
 }
 
 // requestBody reads the body: BUFFERED sends it whole; full duplex in chunks, gathered here.

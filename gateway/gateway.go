@@ -77,6 +77,7 @@ type GatewayOption func(*gatewayConfig)
 
 type gatewayConfig struct {
 	routed          []string
+	allRouted       bool
 	defaultUpstream string
 	hook            func(Outcome)
 	dialOpts        []grpc.DialOption
@@ -86,6 +87,13 @@ type gatewayConfig struct {
 // (exact match on the path without query). Default: DefaultRoutedPaths.
 func WithRoutedPaths(paths ...string) GatewayOption {
 	return func(c *gatewayConfig) { c.routed = paths }
+}
+
+// WithAllPathsRouted routes every path to the ORIGINAL_DST cluster, as a Gateway API Inference
+// Extension gateway does (an HTTPRoute whose backend is an InferencePool: every request goes
+// through the endpoint picker, and to the endpoint it names).
+func WithAllPathsRouted() GatewayOption {
+	return func(c *gatewayConfig) { c.allRouted = true }
 }
 
 // WithDefaultUpstream sends every other path to hostport; without it they
@@ -113,6 +121,7 @@ type Gateway struct {
 	client    *Client
 	transport *http.Transport
 	routed    map[string]bool
+	allRouted bool // every path to ORIGINAL_DST (WithAllPathsRouted)
 	upstream  string
 	hook      func(Outcome)
 
@@ -148,10 +157,11 @@ func NewGateway(extprocAddr string, mode Mode, opts ...GatewayOption) (*Gateway,
 			IdleConnTimeout:     90 * time.Second,
 			DisableCompression:  true,
 		},
-		routed:   map[string]bool{},
-		upstream: cfg.defaultUpstream,
-		hook:     cfg.hook,
-		changed:  make(chan struct{}),
+		routed:    map[string]bool{},
+		upstream:  cfg.defaultUpstream,
+		allRouted: cfg.allRouted,
+		hook:      cfg.hook,
+		changed:   make(chan struct{}),
 	}
 	for _, p := range cfg.routed {
 		g.routed[p] = true
@@ -270,7 +280,7 @@ func (g *Gateway) route(ctx context.Context, oc *Outcome, routeBy Headers, res *
 		path = path[:i]
 	}
 	switch {
-	case g.routed[path]:
+	case g.allRouted || g.routed[path]:
 		oc.Route = RouteOriginalDst
 		oc.Destination = res.Headers.Get(wire.HeaderDestination)
 		ap, err := netip.ParseAddrPort(oc.Destination)

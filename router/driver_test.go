@@ -27,6 +27,7 @@ import (
 //	remove id=e3 [at=S]
 //	state
 //	price prefill=e1,e2 decode=e3 [step=S] [at=S]
+//	pass [prompt] [at=S]      (a request outside router.paths: the engine PassThrough picks)
 //	observe id=e1 [running=N] [waiting=N] [kv=X] [finished=N] [prompts=N] [none] [at=S]
 //	                        (the engine's metrics; none: they could not be read)
 //
@@ -61,6 +62,13 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 		fmt.Fprintf(&b, "ttft_ratio=%.3f tpot_ratio=%.3f worst=%.3f probe_ttft=%.3f\n", p.TTFTRatio, p.TPOTRatio, p.Worst, p.ProbeTTFT)
 	case "observe":
 		d.observe(td, &b)
+	case "pass":
+		kind := router.PassAny
+		if td.HasArg("prompt") {
+			kind = router.PassPrompt
+		}
+		addr, ok := d.Router.PassThrough(d.At(td), kind)
+		fmt.Fprintf(&b, "passed to %s (%t)\n", d.idOf(addr), ok)
 	default:
 		if !d.Run(td, &b) {
 			t.Fatalf("%s: unknown command %q", td.Pos, td.Cmd)
@@ -143,6 +151,9 @@ func (d *driver) state(b *strings.Builder) {
 	if c.ContextLengthExceeded+c.Ejections > 0 {
 		fmt.Fprintf(b, "context_length_exceeded=%d ejections=%d\n", c.ContextLengthExceeded, c.Ejections)
 	}
+	if c.PassedThrough > 0 {
+		fmt.Fprintf(b, "passed_through=%d\n", c.PassedThrough)
+	}
 	fmt.Fprintf(b, "retained=%+v\n", s.Retained)
 	for _, e := range s.Engines {
 		fmt.Fprintf(b, "%s: prefill=%d decode=%d busy=%.3f corr=%.3f/%.3f", e.ID, e.PrefillResidents, e.DecodeResidents, e.BusyUntilS, e.Correction.Prefill, e.Correction.Decode)
@@ -161,6 +172,16 @@ func (d *driver) state(b *strings.Builder) {
 		}
 		b.WriteString("\n")
 	}
+}
+
+// idOf is the engine at addr ("-" for none).
+func (d *driver) idOf(addr string) string {
+	for _, e := range d.cfg.Engines {
+		if e.Address == addr {
+			return e.ID
+		}
+	}
+	return "-"
 }
 
 func (d *driver) observe(td *datadriven.TestData, b *strings.Builder) {

@@ -254,6 +254,15 @@ func (l *Live) Follow(ctx context.Context, f *fleet.Fleet) {
 	}
 }
 
+// PassThrough picks the engine a request Narwhal does not place goes to (Router.PassThrough).
+func (l *Live) PassThrough(kind PassKind) (addr string, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	addr, ok = l.r.PassThrough(l.now(), kind)
+	l.signal()
+	return addr, ok
+}
+
 // Observe applies one reading of an engine's metrics (nil: they could not be read).
 func (l *Live) Observe(id string, o *Observation) (got Observed, ok bool) {
 	_ = l.step(func(now time.Time) error { got, ok = l.r.Observe(now, id, o); return nil })

@@ -163,6 +163,8 @@ type Router struct {
 	fallbackDrain   float64
 	seq             uint64
 
+	passNext int // where PassThrough's next round of the engines starts
+
 	pricing pricing // Price's scratch space
 	outbox  []Outcome
 	trigger Trigger

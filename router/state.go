@@ -48,6 +48,9 @@ type Counters struct {
 	ContextLengthExceeded uint64 `json:"context_length_exceeded"`
 	// Ejections counts engines taken out of placement by passive health checking.
 	Ejections uint64 `json:"ejections"`
+	// PassedThrough counts the requests outside router.paths sent to an engine (PassThrough):
+	// not offers, and in none of the laws above.
+	PassedThrough uint64 `json:"passed_through"`
 }
 
 // Overflow counts offers turned away, by reason.
