@@ -142,7 +142,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	steps := []struct {
 		share float64
 		fn    func(deadline time.Time) error
-	}{{0.20, p.prefill}, {0.60, p.decode}, {0.95, p.limits}, {1, p.handoff}}
+	}{{0.20, p.prefill}, {0.22, p.together}, {0.60, p.decode}, {0.95, p.limits}, {1, p.handoff}}
 	for _, s := range steps {
 		if err := s.fn(begin.Add(time.Duration(s.share * float64(o.Budget)))); err != nil {
 			r.Err = err
@@ -295,9 +295,6 @@ ladder:
 	} else if err == nil {
 		err = fmt.Errorf("prefill: %w (%d lengths measured)", e, len(y))
 	}
-	if err == nil {
-		err = p.together(deadline)
-	}
 	return err
 }
 
@@ -310,6 +307,9 @@ func (p *run) together(deadline time.Time) error {
 	k := config.DefaultProfile().PrefillConcurrency
 	n := min(1024, p.r.PromptTop/2)
 	serial := float64(k) * p.prefillSeconds(n)
+	if p.r.PrefillFit == nil {
+		return nil
+	}
 	if time.Until(deadline).Seconds() < 2*serial {
 		p.note("prefill: the budget left no time to prefill %d prompts at once", k)
 		return nil

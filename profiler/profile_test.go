@@ -121,6 +121,9 @@ func TestProfileRecoversKnownProfiles(t *testing.T) {
 				worstD = max(worstD, math.Abs(got.Decode.StepSeconds(d.Streams, d.KVTokens)/truth.Decode.StepSeconds(d.Streams, d.KVTokens)-1))
 			}
 			t.Logf("prefill of %d prompts at once: %.2f of one after another", res.TogetherPrompts, res.Together)
+			if res.Together == 0 {
+				t.Error("no prefill of prompts at once measured")
+			}
 			within(t, "prefill of prompts at once against one after another (enginesim prefills one at a time)", res.Together, 1, 0.15)
 			t.Logf("budget %v: prefill within %.1f%% (worst at %d) up to %d tokens, decode within %.1f%% over %d batches (up to %d streams), max_streams %d (true %d), max_kv_tokens %d (true %d), kv_transfer_s %.4g (true %.4g)",
 				budget, 100*worstP, worstAt, got.Prefill.MaxTokens, 100*worstD, len(res.Decode), maxStreams(res.Decode), got.Decode.MaxStreams, truth.Decode.MaxStreams,
