@@ -98,6 +98,8 @@ const (
 	LabelRole         = "llm-d.ai/role"
 	LabelProfile      = "narwhal.dev/profile"
 	RolePrefillDecode = "prefill-decode"
+	// RoleBoth is llm-d's deprecated name of prefill-decode, still accepted.
+	RoleBoth = "both"
 )
 
 // Dynamic reports whether engines may join at run time from a source other than the admin API.

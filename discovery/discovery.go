@@ -63,6 +63,12 @@ func (s *Source) Reconcile(f *fleet.Fleet, eps []Endpoint, now time.Time) Result
 	snap := f.Snapshot()
 	listed := make(map[string]int, len(eps))
 	for i, ep := range eps {
+		if _, managed := s.role(ep); !managed {
+			// llm-d's encode roles, or a role Narwhal does not know: not an engine it places.
+			res.problem("%s: label %s=%q: not a role Narwhal places (prefill, decode, or %s/%s/none for the controller to decide); not an engine",
+				ep.Name, s.cfg.Discovery.RoleLabel, ep.Labels[s.cfg.Discovery.RoleLabel], config.RolePrefillDecode, config.RoleBoth)
+			continue
+		}
 		if j, dup := listed[ep.Name]; dup {
 			res.problem("%s: listed twice (entries %d and %d): the first is taken", ep.Name, j, i)
 			continue
@@ -86,10 +92,7 @@ func (s *Source) Reconcile(f *fleet.Fleet, eps []Endpoint, now time.Time) Result
 		if listed[ep.Name] != i {
 			continue
 		}
-		role, ok := s.role(ep)
-		if !ok {
-			res.problem("%s: label %s=%q: want prefill, decode or %s (the controller decides)", ep.Name, s.cfg.Discovery.RoleLabel, ep.Labels[s.cfg.Discovery.RoleLabel], config.RolePrefillDecode)
-		}
+		role, _ := s.role(ep)
 		cur, in := f.Engine(ep.Name)
 		switch {
 		case in && cur.Source != s.name:
@@ -132,17 +135,22 @@ func (s *Source) Member(ep Endpoint) (config.Engine, error) {
 	return ce, s.cfg.CheckMember(ce)
 }
 
-// role reads an endpoint's role label: prefill, decode, or "" (prefill-decode, none, or one it
-// does not know: ok false).
-func (s *Source) role(ep Endpoint) (string, bool) {
+// role reads an endpoint's role label: prefill, decode, or "" for the controller to decide
+// (prefill-decode, llm-d's deprecated both, or none); managed is false for a role Narwhal does
+// not place (llm-d's encode, encode-prefill, encode-prefill-decode, or one it does not know).
+func (s *Source) role(ep Endpoint) (role string, managed bool) {
 	switch v := ep.Labels[s.cfg.Discovery.RoleLabel]; v {
 	case config.RolePrefill, config.RoleDecode:
 		return v, true
-	case config.RolePrefillDecode, "":
+	case config.RolePrefillDecode, config.RoleBoth, "":
 		return "", true
 	}
 	return "", false
 }
+
+// OpenLabel reports whether a role label value leaves the role to the controller and says the
+// engine can play both (prefill-decode, both): Narwhal does not overwrite it with one role.
+func OpenLabel(v string) bool { return v == config.RolePrefillDecode || v == config.RoleBoth }
 
 // operatorMove applies a role label changed since the source last listed the engine, when the
 // engine is not in that role already (Narwhal's own move, written back, is no change): the

@@ -72,18 +72,25 @@ func TestReconcile(t *testing.T) {
 		t.Fatalf("operator relabel: %+v, events %+v", res, evs)
 	}
 	// d1 moves to a new address (leaves and joins), x1 goes, a bad label and an unknown profile
-	// are refused with a reason, a config engine's name and address are not taken.
+	// are refused with a reason, a config engine's name and address are not taken. A role
+	// Narwhal does not place (llm-d's encode roles, one it does not know) is no engine; llm-d's
+	// deprecated "both" is prefill-decode (issue 34: they were flagged, then given a role).
 	bad := ep("b1", "10.0.0.5:8000", "decode")
 	bad.Labels[config.LabelProfile] = "nope"
 	res = s.Reconcile(f, []Endpoint{
 		ep("p1", "10.0.0.1:8000", "decode"), ep("d1", "10.0.0.4:8000", "decode"), bad,
-		ep("w1", "10.0.0.6:8000", "sideways"), ep("c1", "10.0.0.7:8000", "decode"), ep("c2", "10.9.0.1:8000", "decode"),
+		ep("w1", "10.0.0.6:8000", "sideways"), ep("e1", "10.0.0.9:8000", "encode"), ep("y1", "10.0.0.10:8000", "both"),
+		ep("c1", "10.0.0.7:8000", "decode"), ep("c2", "10.9.0.1:8000", "decode"),
 		ep("p1", "10.0.0.8:8000", "decode"),
 	}, at)
-	if !slices.Equal(res.Removed, []string{"d1", "x1"}) || !slices.Equal(res.Added, []string{"d1", "w1"}) {
+	if !slices.Equal(res.Removed, []string{"d1", "x1"}) || !slices.Equal(res.Added, []string{"d1", "y1"}) {
 		t.Fatalf("changes: %+v", res)
 	}
-	want := []string{"p1: listed twice", `b1: engine.profile: unknown profile "nope"`, `w1: label llm-d.ai/role="sideways"`, "c1: the fleet has an engine of that name from config", "c2: fleet: invalid transition: engine c2: address 10.9.0.1:8000 is engine c1's"}
+	if y, _ := f.Engine("y1"); !y.RoleOpen {
+		t.Fatalf("y1 (both) = %+v: want its role left to the controller", y)
+	}
+	want := []string{`w1: label llm-d.ai/role="sideways": not a role Narwhal places`, `e1: label llm-d.ai/role="encode": not a role Narwhal places`,
+		"p1: listed twice", `b1: engine.profile: unknown profile "nope"`, "c1: the fleet has an engine of that name from config", "c2: fleet: invalid transition: engine c2: address 10.9.0.1:8000 is engine c1's"}
 	if len(res.Problems) != len(want) {
 		t.Fatalf("problems %q", res.Problems)
 	}
@@ -92,7 +99,7 @@ func TestReconcile(t *testing.T) {
 			t.Errorf("problem %d = %q, want %q", i, res.Problems[i], w)
 		}
 	}
-	if got := members(f); !slices.Equal(got, []string{"c1@10.9.0.1:8000:prefill", "p1@10.0.0.1:8000:decode", "d1@10.0.0.4:8000:decode", "w1@10.0.0.6:8000:decode"}) {
+	if got := members(f); !slices.Equal(got, []string{"c1@10.9.0.1:8000:prefill", "p1@10.0.0.1:8000:decode", "d1@10.0.0.4:8000:decode", "y1@10.0.0.10:8000:decode"}) {
 		t.Fatalf("members %v", got)
 	}
 	// An empty list removes every engine of the source, and only those.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -14,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -136,6 +139,11 @@ type KubernetesStatus struct {
 	LabelWrites int64  `json:"label_writes"`
 	LabelErrors int64  `json:"label_errors"`
 	LabelError  string `json:"label_error,omitempty"`
+	// LabelRefused counts role labels not written because the pod's owner selects on the role
+	// label (the write would take the pod out of its ReplicaSet, which would start another), or
+	// the owner could not be read to check; LabelRefusal says the latest, and what to do.
+	LabelRefused int64  `json:"label_refused"`
+	LabelRefusal string `json:"label_refusal,omitempty"`
 }
 
 // Kubernetes watches pods (and an InferencePool) with client-go informers and reconciles the
@@ -157,9 +165,21 @@ type Kubernetes struct {
 	mu      sync.Mutex
 	status  KubernetesStatus
 	members *Members
-	pods    map[string]string // engine id → pod name
+	pods    map[string]podRef // engine id → its pod
 	kick    chan struct{}
 	writes  chan roleWrite
+	// owners caches, by owner UID, why writing the role label to its pods would be refused
+	// ("" when it would not): a workload's selector does not change.
+	owners map[types.UID]string
+}
+
+// podRef is the pod an engine is: its name, its UID (a label write names it, so that a pod
+// recreated under the same name is not written), and its controlling owner.
+type podRef struct {
+	name  string
+	uid   types.UID
+	owner *metav1.OwnerReference
+	label string // its role label when listed
 }
 
 type roleWrite struct {
@@ -180,7 +200,7 @@ func (k *Kubernetes) Run(ctx context.Context) error {
 	k.kick, k.writes = make(chan struct{}, 1), make(chan roleWrite, 256)
 	c := k.Config
 	k.mu.Lock()
-	k.pods = map[string]string{}
+	k.pods, k.owners = map[string]podRef{}, map[types.UID]string{}
 	k.status = KubernetesStatus{Namespace: c.Namespace, Selector: c.Selector, Ports: c.Ports, InferencePool: c.InferencePool}
 	k.mu.Unlock()
 	resync := config.Seconds(c.ResyncS)
@@ -348,11 +368,11 @@ func (k *Kubernetes) reconcile(lister interface {
 	}
 	slices.SortFunc(pods, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
 	var eps []Endpoint
-	names := map[string]string{}
+	names := map[string]podRef{}
 	for _, p := range pods {
 		for _, ep := range PodEndpoints(p, m.Ports) {
 			eps = append(eps, ep)
-			names[ep.Name] = p.Name
+			names[ep.Name] = podRef{name: p.Name, uid: p.UID, owner: metav1.GetControllerOf(p), label: p.Labels[k.RoleLabel]}
 		}
 	}
 	now := k.Now()
@@ -416,23 +436,29 @@ func (k *Kubernetes) writeLabels(ctx context.Context) {
 			continue
 		}
 		k.mu.Lock()
-		pod := k.pods[w.engine]
+		ref, ok := k.pods[w.engine]
 		k.mu.Unlock()
-		if pod == "" {
+		if !ok {
 			continue
 		}
-		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{k.RoleLabel: w.role}}})
-		var err error
-		for delay := 100 * time.Millisecond; ; delay = min(2*delay, 10*time.Second) {
-			_, err = k.Client.CoreV1().Pods(k.Config.Namespace).Patch(ctx, pod, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "narwhal"})
-			if err == nil || apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || ctx.Err() != nil || delay >= 10*time.Second {
-				break
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(delay):
-			}
+		pod := ref.name
+		if OpenLabel(ref.label) {
+			// The operator said the pod can play both: its role is Narwhal's to choose, kept in
+			// Narwhal's state and xDS; the label stays as written.
+			k.Log.Debug("discovery.kubernetes: role label left as the operator wrote it", "pod", pod, "label", ref.label, "role", w.role)
+			continue
 		}
+		if why := k.ownerRefuses(ctx, ref); why != "" {
+			k.mu.Lock()
+			k.status.LabelRefused++
+			if why != k.status.LabelRefusal {
+				k.Log.Error("discovery.kubernetes: role label not written", "pod", pod, "role", w.role, "why", why)
+			}
+			k.status.LabelRefusal = why
+			k.mu.Unlock()
+			continue
+		}
+		err := k.patchRole(ctx, ref, w.role)
 		k.mu.Lock()
 		switch {
 		case err == nil:
@@ -451,4 +477,99 @@ func (k *Kubernetes) writeLabels(ctx context.Context) {
 		}
 		k.mu.Unlock()
 	}
+}
+
+// patchRole writes role to the pod's role label, retrying with backoff (up to about a minute)
+// what may pass. The pod's UID in the patch is a precondition: a pod recreated under the same
+// name (a StatefulSet's) is another engine, and does not inherit its predecessor's role.
+func (k *Kubernetes) patchRole(ctx context.Context, ref podRef, role string) error {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"uid": ref.uid, "labels": map[string]string{k.RoleLabel: role}}})
+	var err error
+	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 10*time.Second) {
+		_, err = k.Client.CoreV1().Pods(k.Config.Namespace).Patch(ctx, ref.name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "narwhal"})
+		if err == nil || apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || apierrors.IsConflict(err) || apierrors.IsInvalid(err) || ctx.Err() != nil || delay >= 10*time.Second {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
+		}
+	}
+}
+
+// ownerRefuses says why the role label must not be written to a pod ("" when it may): its
+// controlling owner (a ReplicaSet, StatefulSet, DaemonSet, ReplicationController or Job) selects
+// its pods on the role label — llm-d's modelservice chart does — so a new value would take the
+// pod out of its owner, which would start a replacement GPU pod; or the owner cannot be read to
+// check. A refusal is cached per owner: a workload's selector does not change.
+func (k *Kubernetes) ownerRefuses(ctx context.Context, ref podRef) string {
+	o := ref.owner
+	if o == nil {
+		return ""
+	}
+	k.mu.Lock()
+	why, ok := k.owners[o.UID]
+	k.mu.Unlock()
+	if ok {
+		return why
+	}
+	var keys []string
+	var err error
+	ns := k.Config.Namespace
+	selectorKeys := func(s *metav1.LabelSelector) {
+		if s == nil {
+			return
+		}
+		for key := range s.MatchLabels {
+			keys = append(keys, key)
+		}
+		for _, e := range s.MatchExpressions {
+			keys = append(keys, e.Key)
+		}
+	}
+	resource := strings.ToLower(o.Kind) + "s"
+	switch o.Kind {
+	case "ReplicaSet":
+		var rs *appsv1.ReplicaSet
+		if rs, err = k.Client.AppsV1().ReplicaSets(ns).Get(ctx, o.Name, metav1.GetOptions{}); err == nil {
+			selectorKeys(rs.Spec.Selector)
+		}
+	case "StatefulSet":
+		var ss *appsv1.StatefulSet
+		if ss, err = k.Client.AppsV1().StatefulSets(ns).Get(ctx, o.Name, metav1.GetOptions{}); err == nil {
+			selectorKeys(ss.Spec.Selector)
+		}
+	case "DaemonSet":
+		var ds *appsv1.DaemonSet
+		if ds, err = k.Client.AppsV1().DaemonSets(ns).Get(ctx, o.Name, metav1.GetOptions{}); err == nil {
+			selectorKeys(ds.Spec.Selector)
+		}
+	case "ReplicationController":
+		var rc *corev1.ReplicationController
+		if rc, err = k.Client.CoreV1().ReplicationControllers(ns).Get(ctx, o.Name, metav1.GetOptions{}); err == nil {
+			keys = slices.Collect(maps.Keys(rc.Spec.Selector))
+		}
+	case "Job":
+		var j *batchv1.Job
+		if j, err = k.Client.BatchV1().Jobs(ns).Get(ctx, o.Name, metav1.GetOptions{}); err == nil {
+			selectorKeys(j.Spec.Selector)
+		}
+	default:
+		return "" // an owner Narwhal does not know selects its pods its own way
+	}
+	switch {
+	case ctx.Err() != nil:
+		return ""
+	case err != nil:
+		// Not cached: RBAC may be granted, the API server may come back.
+		return fmt.Sprintf("cannot read the pod's owner %s %s to check that its selector leaves %s alone (grant get on %s to Narwhal's service account; docs/kubernetes.md, RBAC): %v",
+			o.Kind, o.Name, k.RoleLabel, resource, err)
+	case slices.Contains(keys, k.RoleLabel):
+		why = fmt.Sprintf("the pod's owner %s %s selects its pods on %s: a new value would take the pod out of it, and it would start a replacement pod. Roles stay in Narwhal's state and xDS; set discovery.kubernetes.write_role_label: false, or select the workload's pods without %s (docs/kubernetes.md)",
+			o.Kind, o.Name, k.RoleLabel, k.RoleLabel)
+	}
+	k.mu.Lock()
+	k.owners[o.UID] = why
+	k.mu.Unlock()
+	return why
 }

@@ -31,6 +31,7 @@ func narwhalRules(podVerbs ...string) []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: podVerbs},
 		{APIGroups: []string{"inference.networking.k8s.io"}, Resources: []string{"inferencepools"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"apps"}, Resources: []string{"replicasets", "statefulsets", "daemonsets"}, Verbs: []string{"get"}},
 	}
 }
 
@@ -230,4 +231,69 @@ func TestKubernetesRBAC(t *testing.T) {
 	poll.Until(t, apiWait, "the refused watch reported", func() bool {
 		return strings.Contains(nobody.Status().WatchError, "forbidden to list and watch pods")
 	})
+}
+
+// The role label is written only where it is safe (issue 34): not to a pod whose ReplicaSet
+// selects on it (llm-d's modelservice chart does: the new value would take the pod out of the
+// ReplicaSet, which would start a replacement GPU pod), not over prefill-decode or both (the
+// operator said the pod can play either), never to a pod recreated under the same name; and a
+// pod in a role Narwhal does not place (llm-d's encode roles) is no engine.
+func TestKubernetesRoleLabelWrites(t *testing.T) {
+	c := newCluster(t)
+	k, f := watcher(t, c, "narwhal", config.DiscoveryKubernetes{Namespace: ns, Selector: "app=vllm", Ports: []int{8000}, WriteRoleLabel: true, ResyncS: 300})
+	role := func(r string) map[string]string { return map[string]string{"app": "vllm", config.LabelRole: r} }
+	byRole := c.ReplicaSet(t, ns, "llama-prefill", role("prefill"))                              // modelservice's selector
+	plain := c.ReplicaSet(t, ns, "llama-plain", map[string]string{"app": "vllm", "tier": "gpu"}) // leaves the role label alone
+	c.OwnedPod(t, ns, "p1", "10.2.0.1", role("prefill"), "", byRole)
+	p2 := map[string]string{"app": "vllm", "tier": "gpu", config.LabelRole: "prefill"}
+	c.OwnedPod(t, ns, "p2", "10.2.0.2", p2, "", plain)
+	c.pod(t, "x1", "10.2.0.3", role("prefill-decode"), "")
+	c.pod(t, "b1", "10.2.0.4", role("both"), "")
+	c.pod(t, "e1", "10.2.0.5", role("encode"), "")
+	poll.Until(t, apiWait, "four engines, e1 not one", func() bool {
+		got := members(f)
+		slices.Sort(got)
+		return slices.Equal(got, []string{"b1@10.2.0.4:8000:decode", "p1@10.2.0.1:8000:prefill", "p2@10.2.0.2:8000:prefill", "x1@10.2.0.3:8000:decode"}) &&
+			slices.ContainsFunc(k.Status().Problems, func(p string) bool {
+				return strings.Contains(p, `e1: label llm-d.ai/role="encode": not a role Narwhal places`)
+			})
+	})
+	for _, id := range []string{"p1", "p2", "x1", "b1"} {
+		to := fleet.Decode
+		if id == "x1" || id == "b1" {
+			to = fleet.Prefill
+		}
+		if _, err := f.SetRole(id, to, time.Now(), "decision 1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll.Until(t, apiWait, "p2 written, p1 refused", func() bool {
+		s := k.Status()
+		return c.get(t, "p2").Labels[config.LabelRole] == "decode" && s.LabelWrites == 1 && s.LabelRefused == 1
+	})
+	s := k.Status()
+	if !strings.Contains(s.LabelRefusal, "ReplicaSet llama-prefill selects its pods on llm-d.ai/role") || !strings.Contains(s.LabelRefusal, "write_role_label: false") {
+		t.Errorf("refusal %q", s.LabelRefusal)
+	}
+	for name, want := range map[string]string{"p1": "prefill", "x1": "prefill-decode", "b1": "both"} {
+		if got := c.get(t, name).Labels[config.LabelRole]; got != want {
+			t.Errorf("%s labelled %s, want %s left", name, got, want)
+		}
+	}
+	if s.LabelErrors != 0 {
+		t.Errorf("label errors: %+v", s)
+	}
+	// A write for a pod since recreated under the same name (another UID) is refused by the API
+	// server: the new pod keeps its own label.
+	k.mu.Lock()
+	stale := k.pods["p2"]
+	k.mu.Unlock()
+	c.DeletePod(t, ns, "p2")
+	c.OwnedPod(t, ns, "p2", "10.2.0.2", p2, "", plain)
+	if err := k.patchRole(context.Background(), stale, "decode"); err == nil {
+		t.Fatal("a stale pod's role was written to its successor")
+	}
+	if got := c.get(t, "p2").Labels[config.LabelRole]; got != "prefill" {
+		t.Fatalf("the recreated p2 is labelled %s", got)
+	}
 }

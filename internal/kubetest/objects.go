@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -88,13 +89,40 @@ func (c Clients) InstallCRD(t testing.TB, path string) {
 // deletion is graceful: it stays, terminating, until a kubelet that never comes finishes it.
 func (c Clients) Pod(t testing.TB, ns, name, ip string, labels map[string]string, node string) {
 	t.Helper()
+	c.OwnedPod(t, ns, name, ip, labels, node, nil)
+}
+
+// OwnedPod is Pod with a controlling owner (a ReplicaSet's pod, say), or none.
+func (c Clients) OwnedPod(t testing.TB, ns, name, ip string, labels map[string]string, node string, owner *metav1.OwnerReference) *corev1.Pod {
+	t.Helper()
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
 		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "engine", Image: "vllm/vllm-openai"}}}}
+	if owner != nil {
+		p.OwnerReferences = []metav1.OwnerReference{*owner}
+	}
 	p, err := c.Kube.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.SetReady(t, p, ip, true)
+	return p
+}
+
+// ReplicaSet creates a ReplicaSet of no replicas selecting its pods on selector (no controller
+// runs here: it is a workload to own pods and be read), and returns a controlling owner
+// reference to it.
+func (c Clients) ReplicaSet(t testing.TB, ns, name string, selector map[string]string) *metav1.OwnerReference {
+	t.Helper()
+	zero := int32(0)
+	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: appsv1.ReplicaSetSpec{Replicas: &zero, Selector: &metav1.LabelSelector{MatchLabels: selector},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: selector},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "engine", Image: "vllm/vllm-openai"}}}}}}
+	rs, err := c.Kube.AppsV1().ReplicaSets(ns).Create(context.Background(), rs, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return metav1.NewControllerRef(rs, appsv1.SchemeGroupVersion.WithKind("ReplicaSet"))
 }
 
 // SetReady sets a pod's status as a kubelet would: Running at ip, Ready or not.
