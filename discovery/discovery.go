@@ -44,11 +44,17 @@ func NewSource(name string, cfg *config.Config) *Source {
 // Result is what one reconciliation changed, and what it could not do.
 type Result struct {
 	Added, Removed, Moved []string
+	// Unprofiled are the added engines no profile label or annotation named: they took
+	// discovery.default_profile (or the config's only profile).
+	Unprofiled []string
 	// Problems are the listed engines it could not take as listed (a profile that does not
 	// exist, a name or an address another engine has, a role label it does not know), one
 	// message each; the rest of the list is reconciled all the same.
 	Problems []string
 }
+
+// UnprofiledLine is the one log line an engine that joined without a profile label gets.
+const UnprofiledLine = "engine joined without a profile label: placed with the default profile; label it with its measured profile (narwhal profile, docs/profiling.md)"
 
 // Changed reports whether the fleet changed.
 func (r *Result) Changed() bool { return len(r.Added)+len(r.Removed)+len(r.Moved) > 0 }
@@ -114,6 +120,9 @@ func (s *Source) Reconcile(f *fleet.Fleet, eps []Endpoint, now time.Time) Result
 				continue
 			}
 			res.Added = append(res.Added, ep.Name)
+			if ep.Labels[s.cfg.Discovery.ProfileLabel] == "" && ep.Annotations[s.cfg.Discovery.ProfileLabel] == "" {
+				res.Unprofiled = append(res.Unprofiled, ep.Name)
+			}
 		}
 		s.labels[ep.Name] = role
 	}

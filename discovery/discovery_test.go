@@ -132,3 +132,21 @@ func TestMemberProfile(t *testing.T) {
 		}
 	}
 }
+
+// An engine that joins without a profile label or annotation is reported, once, as placed with
+// the default profile (issue 34: every pod silently took the built-in H200 curves).
+func TestReconcileReportsUnprofiledEngines(t *testing.T) {
+	cfg, f := testFleet(t)
+	s := NewSource("kubernetes", cfg)
+	labelled := ep("p1", "10.0.0.1:8000", "prefill")
+	labelled.Labels[config.LabelProfile] = config.DefaultProfileName
+	annotated := ep("p2", "10.0.0.2:8000", "prefill")
+	annotated.Annotations = map[string]string{config.LabelProfile: config.DefaultProfileName}
+	list := []Endpoint{labelled, annotated, ep("d1", "10.0.0.3:8000", "decode")}
+	if res := s.Reconcile(f, list, t0); !slices.Equal(res.Unprofiled, []string{"d1"}) {
+		t.Fatalf("unprofiled %v, want [d1]", res.Unprofiled)
+	}
+	if res := s.Reconcile(f, list, t0); len(res.Unprofiled) != 0 {
+		t.Fatalf("reported again: %v", res.Unprofiled)
+	}
+}

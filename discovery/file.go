@@ -178,6 +178,9 @@ func (w *File) Reconcile() {
 	if res.Changed() {
 		w.Log.Info("discovery.file: fleet reconciled", "path", w.Path, "added", res.Added, "removed", res.Removed, "relabelled", res.Moved)
 	}
+	for _, id := range res.Unprofiled {
+		w.Log.Warn("discovery.file: "+UnprofiledLine, "engine", id, "profile", w.Source.cfg.DiscoveredProfile(""), "label", w.Source.cfg.Discovery.ProfileLabel)
+	}
 	w.status = FileStatus{Path: w.Path, Read: now, Engines: len(eps), Problems: res.Problems}
 }
 

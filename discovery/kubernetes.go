@@ -390,6 +390,9 @@ func (k *Kubernetes) reconcile(lister interface {
 	if res.Changed() {
 		k.Log.Info("discovery.kubernetes: fleet reconciled", "added", res.Added, "removed", res.Removed, "relabelled", res.Moved)
 	}
+	for _, id := range res.Unprofiled {
+		k.Log.Warn("discovery.kubernetes: "+UnprofiledLine, "engine", id, "profile", k.Source.cfg.DiscoveredProfile(""), "label", k.Source.cfg.Discovery.ProfileLabel)
+	}
 	k.pods = names
 	k.status.Synced, k.status.Read, k.status.Engines, k.status.Problems = true, now, len(eps), res.Problems
 	if k.OnRead != nil {
