@@ -194,6 +194,10 @@ type Listen struct {
 	ExtProc string `yaml:"extproc" json:"extproc"`
 	XDS     string `yaml:"xds" json:"xds"`
 	Admin   string `yaml:"admin" json:"admin"`
+	// Health, when set, serves the gRPC health service (the ext_proc listener's, the same
+	// status) on a plaintext port of its own, as the Gateway API Inference Extension's picker
+	// does (its charts probe port 9003).
+	Health string `yaml:"health" json:"health"`
 }
 
 // TLS is the TLS of each listener (docs/security.md); a listener without cert_file is plaintext.

@@ -322,8 +322,11 @@ func (k *checker) listen(l Listen) {
 	}
 	var seen []listener
 	for _, a := range []struct{ path, addr string }{
-		{"listen.extproc", l.ExtProc}, {"listen.xds", l.XDS}, {"listen.admin", l.Admin},
+		{"listen.extproc", l.ExtProc}, {"listen.xds", l.XDS}, {"listen.admin", l.Admin}, {"listen.health", l.Health},
 	} {
+		if a.path == "listen.health" && a.addr == "" {
+			continue // off
+		}
 		hp, msg := parseHostPort(a.addr, true)
 		if msg != "" {
 			k.add(a.path, nil, "%s", msg)

@@ -24,6 +24,9 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/internal/logbuf"
@@ -672,5 +675,45 @@ func TestEnvoyCommands(t *testing.T) {
 	out, code = runBin(t, "validate", "--envoy", bad)
 	if code != 2 || !strings.Contains(out, "processing_mode.request_body_mode: ") {
 		t.Fatalf("STREAMED request body: exit %d %s", code, out)
+	}
+}
+
+// listen.health serves the gRPC health service on a port of its own, plaintext, with the
+// ext_proc listener's status, as the Gateway API Inference Extension's picker does (its
+// charts probe port 9003 over gRPC): SERVING while serving, NOT_SERVING or gone once the
+// shutdown begins (issue 34: only the ext_proc port answered).
+func TestGRPCHealthPort(t *testing.T) {
+	_, engines := startEngines(t, "prefill", "decode")
+	cfg := strings.Replace(e2eConfig(anyPort, anyPort, anyPort, engines), "listen: {", `listen: {health: "127.0.0.1:0", `, 1)
+	p := start(t, "serve", "--config", writeConfig(t, cfg))
+	admin, _, _ := p.serving(t)
+	addr := logged(t, p.out, "narwhal serving", "health")[0]
+	waitFor(t, admin, 10*time.Second, "two active engines", allActive(2))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health on %s: %v %v", addr, resp, err)
+	}
+	watch, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := watch.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("watch: %v %v", r, err)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// The next word is NOT_SERVING, or the end of the stream (the server stops at once when
+	// nothing is in flight): never SERVING again.
+	if r, err := watch.Recv(); err == nil && r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("after SIGTERM: %v", r)
 	}
 }

@@ -95,6 +95,9 @@ type server struct {
 	log *slog.Logger
 
 	adminLn, extprocLn, xdsLn net.Listener
+	// healthLn and healthSrv serve the gRPC health service alone (listen.health); nil when off.
+	healthLn  net.Listener
+	healthSrv *grpc.Server
 	releases                  []func() // undone at the end, last first: the state lock, the replica's lease
 
 	f        *fleet.Fleet
@@ -142,6 +145,9 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		return nil, err
 	}
 	s.adminLn, s.extprocLn, s.xdsLn = lns[0], lns[1], lns[2]
+	if len(lns) > 3 {
+		s.healthLn = lns[3]
+	}
 	defer func() {
 		if err != nil {
 			closeAll(lns)
@@ -251,6 +257,10 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	s.grpcSrv = grpc.NewServer(append(extproc.GRPCServerOptions(cfg), s.tls.creds(s.tls.extproc)...)...)
 	s.health = grpchealth.NewServer() // Envoy's ext_proc cluster health-checks over gRPC
 	healthpb.RegisterHealthServer(s.grpcSrv, s.health)
+	if s.healthLn != nil { // the same status on a port of its own, plaintext (listen.health)
+		s.healthSrv = grpc.NewServer()
+		healthpb.RegisterHealthServer(s.healthSrv, s.health)
+	}
 	s.ext = extproc.NewServer(extproc.Options{Router: cfg.Router, Placer: s.live, Sizer: sizer,
 		Metrics: extproc.NewMetrics(reg), Logger: log, StreamLimit: extproc.StreamLimit(cfg, f.Snapshot().Engines)})
 	s.ext.Register(s.grpcSrv)
@@ -347,6 +357,13 @@ func (s *server) run(ctx context.Context) error {
 			s.fail(fmt.Errorf("xDS server: %w", err))
 		}
 	})
+	if s.healthSrv != nil {
+		s.wg.Go(func() {
+			if err := s.healthSrv.Serve(s.healthLn); err != nil {
+				s.fail(fmt.Errorf("gRPC health server: %w", err))
+			}
+		})
+	}
 	runCtx := s.runCtx
 	s.wg.Go(func() { _ = s.xds.Run(runCtx) })
 	s.wg.Go(func() { _ = s.live.Run(runCtx) })
@@ -382,7 +399,7 @@ func (s *server) run(ctx context.Context) error {
 		}
 	}
 	log.Info("narwhal serving", "version", version, "admin", s.adminLn.Addr().String(),
-		"extproc", s.extprocLn.Addr().String(), "xds", s.xdsLn.Addr().String(), "engines", len(snap.Engines), "prefill", p, "decode", d,
+		"extproc", s.extprocLn.Addr().String(), "xds", s.xdsLn.Addr().String(), "health", addrOf(s.healthLn), "engines", len(snap.Engines), "prefill", p, "decode", d,
 		"discovery_file", cfg.Discovery.File.Path, "discovery_kubernetes", cfg.Discovery.Kubernetes.Namespace,
 		"tls", s.tls.summary(), "state_dir", stateDirOf(cfg, s.rep))
 	select {
@@ -474,6 +491,9 @@ func (s *server) shutdown(runErr error) error {
 		<-stopped
 	}
 	s.xdsSrv.Stop() // ADS streams never end by themselves; Envoy keeps its last config
+	if s.healthSrv != nil {
+		s.healthSrv.Stop() // it has said NOT_SERVING since the shutdown began
+	}
 	if err := s.adminSrv.Shutdown(grace); err != nil {
 		_ = s.adminSrv.Close()
 	}
@@ -615,15 +635,19 @@ func (t *listenerTLS) summary() string {
 	return strings.Join(parts, ",")
 }
 
-// listenAll opens every listener the config names before anything runs: admin, ext_proc, xDS.
-// A port in use is one clear line and exit 1.
+// listenAll opens every listener the config names before anything runs: admin, ext_proc, xDS,
+// and the gRPC health port when set. A port in use is one clear line and exit 1.
 func listenAll(cfg *config.Config) ([]net.Listener, error) {
 	var lns []net.Listener
 	for _, l := range []struct{ key, addr string }{
 		{"listen.admin", cfg.Listen.Admin},
 		{"listen.extproc", cfg.Listen.ExtProc},
 		{"listen.xds", cfg.Listen.XDS},
+		{"listen.health", cfg.Listen.Health},
 	} {
+		if l.addr == "" {
+			continue // listen.health off
+		}
 		ln, err := net.Listen("tcp", l.addr)
 		if err != nil {
 			closeAll(lns)
@@ -632,6 +656,14 @@ func listenAll(cfg *config.Config) ([]net.Listener, error) {
 		lns = append(lns, ln)
 	}
 	return lns, nil
+}
+
+// addrOf is a listener's address, "" for none.
+func addrOf(ln net.Listener) string {
+	if ln == nil {
+		return ""
+	}
+	return ln.Addr().String()
 }
 
 func closeAll(lns []net.Listener) {
