@@ -84,6 +84,7 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.overflow, n.Overflow.NoCapacity, "no_capacity")
 	counter(c.overflow, n.Overflow.WaitTimeout, "wait_timeout")
 	counter(c.overflow, n.Overflow.ShuttingDown, "shutting_down")
+	counter(c.overflow, n.Overflow.SubsetUnavailable, "subset_unavailable")
 	counter(c.contextExceeded, n.ContextLengthExceeded)
 	counter(c.ejections, n.Ejections)
 	counter(c.passedThrough, n.PassedThrough)

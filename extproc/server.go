@@ -33,7 +33,7 @@ type Placer interface {
 	Complete(h router.Handle, outputTokens int) error
 	Fail(h router.Handle, why router.Failure) error
 	Cancel(h router.Handle) error
-	PassThrough(kind router.PassKind) (addr string, ok bool)
+	PassThrough(kind router.PassKind, only []string) (addr string, ok bool)
 }
 
 var _ Placer = (*router.Live)(nil)

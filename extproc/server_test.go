@@ -17,6 +17,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"google.golang.org/protobuf/types/known/structpb"
+
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/enginesim"
 	"github.com/narwhal-llm/narwhal/extproc"
@@ -667,4 +669,65 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label string) fl
 		}
 	}
 	return 0
+}
+
+// The Gateway API Inference Extension's subset hint: a gateway forwards, in the filter
+// metadata of its ext_proc requests (envoy.lb.subset_hint), the endpoints the picker must
+// choose among. A placed request's destination and a passed-through request's engine are among
+// them; a hint naming no engine that can be the destination is answered 429
+// subset_unavailable, as the protocol asks. (Before, the hint was ignored.)
+func TestSubsetHint(t *testing.T) {
+	fx := newFixture(t, relaxed(gateway.Mode{}), nil)
+	mode := relaxed(gateway.Mode{})
+	mode.ForwardingNamespaces = []string{wire.SubsetNamespace}
+	gw, hs := envoytest.StartGateway(t, fx.extproc, mode, gateway.WithAllPathsRouted(),
+		gateway.WithFilterMetadata(func(r *http.Request) map[string]*structpb.Struct {
+			ids := r.Header.Get("test-subset") // which engines the test's gateway names
+			if ids == "" {
+				return nil
+			}
+			var list []any
+			for _, id := range strings.Split(ids, ",") {
+				list = append(list, fx.addr[id])
+			}
+			ns, err := structpb.NewStruct(map[string]any{wire.SubsetKey: list})
+			if err != nil {
+				t.Error(err)
+			}
+			return map[string]*structpb.Struct{wire.SubsetNamespace: ns}
+		}))
+	send := func(path, body, subset string) (int, gateway.Outcome) {
+		t.Helper()
+		method := http.MethodPost
+		if body == "" {
+			method = http.MethodGet
+		}
+		req, _ := http.NewRequest(method, hs.URL+path, strings.NewReader(body))
+		req.Header.Set("content-type", "application/json")
+		req.Header.Set("test-subset", subset)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		outs := gw.Outcomes()
+		return resp.StatusCode, outs[len(outs)-1]
+	}
+	completion := `{"model":"m","prompt":"hello","max_tokens":3,"stream":true}`
+	for range 3 {
+		if code, o := send("/v1/completions", completion, "e4"); code != 200 || o.Destination != fx.addr["e4"] {
+			t.Fatalf("subset e4: %d to %q", code, o.Destination)
+		}
+	}
+	if code, o := send("/v1/models", "", "e2"); code != 200 || o.Destination != fx.addr["e2"] {
+		t.Fatalf("pass-through, subset e2: %d to %q", code, o.Destination)
+	}
+	code, o := send("/v1/completions", completion, "e1,e2") // prefill engines only: no destination
+	if code != 429 || o.LocalReply == nil || !strings.Contains(string(o.LocalReply.Body), "subset_unavailable") {
+		t.Fatalf("subset of prefill engines: %d %+v", code, o.LocalReply)
+	}
+	if s := fx.settle(); s.Counters.Overflow.SubsetUnavailable != 1 {
+		t.Fatalf("overflow %+v", s.Counters.Overflow)
+	}
 }

@@ -68,6 +68,7 @@ type exchange struct {
 // request is what the request showed before its placement.
 type request struct {
 	routed, chat bool
+	subset       []string // the gateway's subset hint (wire.SubsetKey); nil without one
 	id           string
 	arrival      time.Time
 	strip        *extprocv3.HeaderMutation // client routing headers to remove
@@ -124,6 +125,7 @@ func (st *stream) step(req *extprocv3.ProcessingRequest) ([]*extprocv3.Processin
 	switch r := req.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
 		name = "request_headers"
+		st.req.subset = subsetHint(req.GetMetadataContext())
 		st.requestHeaders(r.RequestHeaders)
 	case *extprocv3.ProcessingRequest_RequestBody:
 		name = "request_body"
@@ -281,6 +283,36 @@ func (st *stream) requestHeaders(h *extprocv3.HttpHeaders) {
 	}
 }
 
+// subsetHint reads the Gateway API Inference Extension's subset hint from an ext_proc request's
+// metadata: namespace wire.SubsetNamespace, key wire.SubsetKey, a list of IP:port (or one
+// comma-separated string). nil when there is none; an empty hint is empty, not nil.
+func subsetHint(md *corev3.Metadata) []string {
+	ns, ok := md.GetFilterMetadata()[wire.SubsetNamespace]
+	if !ok {
+		return nil
+	}
+	v, ok := ns.GetFields()[wire.SubsetKey]
+	if !ok {
+		return nil
+	}
+	out := []string{}
+	add := func(s string) {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	if l := v.GetListValue(); l != nil {
+		for _, e := range l.GetValues() {
+			add(e.GetStringValue())
+		}
+	} else {
+		for _, s := range strings.Split(v.GetStringValue(), ",") {
+			add(s)
+		}
+	}
+	return out
+}
+
 // passThrough sends a request outside router.paths on untouched but for its destination: the
 // engine the router picks for it (router.PassThrough), named as a placement names its engine,
 // so that behind a gateway whose every request goes through Narwhal (the Gateway API Inference
@@ -288,7 +320,7 @@ func (st *stream) requestHeaders(h *extprocv3.HttpHeaders) {
 // goes on without one (the route decides).
 func (st *stream) passThrough(path string, mut *extprocv3.HeaderMutation) {
 	st.to(phasePassing)
-	addr, ok := st.s.placer.PassThrough(passKind(path))
+	addr, ok := st.s.placer.PassThrough(passKind(path), st.req.subset)
 	if !ok {
 		st.reply(continueRequestHeaders(mut))
 		return
@@ -369,6 +401,7 @@ func (st *stream) place() {
 	waitStart := st.s.now()
 	out, err := st.s.placer.Offer(st.ctx, router.Offer{
 		ID: st.req.id, PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens, NonStreaming: !req.Stream, Prefix: req.PrefixHashes(),
+		Subset: st.req.subset,
 	})
 	if out.Status != router.Dispatched || err != nil {
 		st.x.waited = st.s.now().Sub(waitStart)
@@ -403,6 +436,8 @@ func rejectMessage(o router.Outcome) string {
 			strconv.FormatInt(o.Limit, 10) + " (max_kv_tokens): shorten the prompt or lower max_tokens"
 	case router.ShuttingDown:
 		return "narwhal is shutting down; retry on another instance"
+	case router.SubsetUnavailable:
+		return "no engine of the gateway's subset hint (x-gateway-destination-endpoint-subset) is live and able to serve the request"
 	}
 	return "rejected"
 }

@@ -47,6 +47,9 @@ type Exchange struct {
 
 	req, resp direction
 	rec       Record
+	// forwarded is the request's filter metadata of the forwarding namespaces, sent in every
+	// message's metadata_context.
+	forwarded map[string]*structpb.Struct
 }
 
 // direction is one side of the filter (Envoy's DecodingProcessorState or
@@ -266,7 +269,7 @@ func (x *Exchange) send(req *extprocv3.ProcessingRequest) {
 	if x.done() || !x.open() {
 		return
 	}
-	req.MetadataContext = &corev3.Metadata{}
+	req.MetadataContext = &corev3.Metadata{FilterMetadata: x.forwarded}
 	if !x.rec.ProtocolConfigSent {
 		req.ProtocolConfig = &extprocv3.ProtocolConfiguration{
 			RequestBodyMode:  x.req.bodyMode,

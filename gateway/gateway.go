@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/narwhal-llm/narwhal/wire"
 )
@@ -78,6 +79,7 @@ type GatewayOption func(*gatewayConfig)
 type gatewayConfig struct {
 	routed          []string
 	allRouted       bool
+	metadata        func(*http.Request) map[string]*structpb.Struct
 	defaultUpstream string
 	hook            func(Outcome)
 	dialOpts        []grpc.DialOption
@@ -87,6 +89,13 @@ type gatewayConfig struct {
 // (exact match on the path without query). Default: DefaultRoutedPaths.
 func WithRoutedPaths(paths ...string) GatewayOption {
 	return func(c *gatewayConfig) { c.routed = paths }
+}
+
+// WithFilterMetadata sets each request's filter metadata, as filters before ext_proc would
+// (a GIE gateway's subset hint, say); Mode.ForwardingNamespaces says which namespaces reach the
+// ext_proc server.
+func WithFilterMetadata(f func(*http.Request) map[string]*structpb.Struct) GatewayOption {
+	return func(c *gatewayConfig) { c.metadata = f }
 }
 
 // WithAllPathsRouted routes every path to the ORIGINAL_DST cluster, as a Gateway API Inference
@@ -122,6 +131,7 @@ type Gateway struct {
 	transport *http.Transport
 	routed    map[string]bool
 	allRouted bool // every path to ORIGINAL_DST (WithAllPathsRouted)
+	metadata  func(*http.Request) map[string]*structpb.Struct
 	upstream  string
 	hook      func(Outcome)
 
@@ -160,6 +170,7 @@ func NewGateway(extprocAddr string, mode Mode, opts ...GatewayOption) (*Gateway,
 		routed:    map[string]bool{},
 		upstream:  cfg.defaultUpstream,
 		allRouted: cfg.allRouted,
+		metadata:  cfg.metadata,
 		hook:      cfg.hook,
 		changed:   make(chan struct{}),
 	}
@@ -235,7 +246,11 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength != 0 {
 		body = r.Body
 	}
-	res, err := x.ProcessRequest(Request{Headers: orig, Body: body})
+	var md map[string]*structpb.Struct
+	if g.metadata != nil {
+		md = g.metadata(r)
+	}
+	res, err := x.ProcessRequest(Request{Headers: orig, Body: body, FilterMetadata: md})
 	if err != nil {
 		return
 	}

@@ -42,6 +42,9 @@ type Mode struct {
 	FailureModeAllow bool
 	// ReceivingNamespaces is metadata_options.receiving_namespaces.untyped.
 	ReceivingNamespaces []string
+	// ForwardingNamespaces is metadata_options.forwarding_namespaces.untyped: the request's
+	// filter metadata of these namespaces goes to the ext_proc server with every message.
+	ForwardingNamespaces []string
 	// BufferLimit is the connection buffer limit
 	// (per_connection_buffer_limit_bytes) that caps a BUFFERED body: Envoy
 	// answers 413 itself beyond it. Zero means Envoy's default, 1 MiB;

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // ErrCancelled is returned (wrapped) when the downstream client went away,
@@ -23,6 +24,10 @@ type Request struct {
 	// headers). Each Read is one chunk; see the chunking rule on
 	// ProcessRequest.
 	Body io.Reader
+	// FilterMetadata is the request's dynamic metadata as earlier filters set it; Envoy sends
+	// the namespaces of metadata_options.forwarding_namespaces.untyped
+	// (Mode.ForwardingNamespaces) in every message's metadata_context.
+	FilterMetadata map[string]*structpb.Struct
 }
 
 // RequestResult is what leaves the filter on the request path.
@@ -88,6 +93,15 @@ func (x *Exchange) ProcessRequest(req Request) (*RequestResult, error) {
 	}
 	d := &x.req
 	d.headers, d.noBody, d.held = req.Headers.Clone(), req.Body == nil, true
+	x.forwarded = nil
+	for _, ns := range x.c.mode.ForwardingNamespaces {
+		if m, ok := req.FilterMetadata[ns]; ok {
+			if x.forwarded == nil {
+				x.forwarded = map[string]*structpb.Struct{}
+			}
+			x.forwarded[ns] = m
+		}
+	}
 	sink := func(p []byte) error {
 		x.rec.RequestBody = append(x.rec.RequestBody, p...)
 		return nil

@@ -18,7 +18,7 @@ import (
 //
 //	init [capacity=N] [max_wait=S] [reject_ratio=X] [concurrency=N] [affinity=BOOL] [ttft=S]
 //	e1 prefill            (one engine per line: id role [pinned])
-//	offer id=r1 tokens=N [max=N] [at=S] [prefix=a,b,c]
+//	offer id=r1 tokens=N [max=N] [at=S] [prefix=a,b,c] [subset=e1,e2|-]
 //	first id=r1 [at=S]      complete id=r1 [tokens=N] [at=S]
 //	fail id=r1 [at=S]       cancel id=r1 [at=S]       tick at=S
 //	lifecycle id=e1 to=failed|draining|recovering|active [unconfirmed] [at=S]
@@ -27,7 +27,7 @@ import (
 //	remove id=e3 [at=S]
 //	state
 //	price prefill=e1,e2 decode=e3 [step=S] [at=S]
-//	pass [prompt] [at=S]      (a request outside router.paths: the engine PassThrough picks)
+//	pass [prompt] [subset=e1,e2] [at=S]   (a request outside router.paths: the engine PassThrough picks)
 //	observe id=e1 [running=N] [waiting=N] [kv=X] [finished=N] [prompts=N] [none] [at=S]
 //	                        (the engine's metrics; none: they could not be read)
 //
@@ -67,7 +67,7 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 		if td.HasArg("prompt") {
 			kind = router.PassPrompt
 		}
-		addr, ok := d.Router.PassThrough(d.At(td), kind)
+		addr, ok := d.Router.PassThrough(d.At(td), kind, d.Subset(td))
 		fmt.Fprintf(&b, "passed to %s (%t)\n", d.idOf(addr), ok)
 	default:
 		if !d.Run(td, &b) {

@@ -255,10 +255,10 @@ func (l *Live) Follow(ctx context.Context, f *fleet.Fleet) {
 }
 
 // PassThrough picks the engine a request Narwhal does not place goes to (Router.PassThrough).
-func (l *Live) PassThrough(kind PassKind) (addr string, ok bool) {
+func (l *Live) PassThrough(kind PassKind, only []string) (addr string, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	addr, ok = l.r.PassThrough(l.now(), kind)
+	addr, ok = l.r.PassThrough(l.now(), kind, only)
 	l.signal()
 	return addr, ok
 }

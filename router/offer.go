@@ -40,6 +40,12 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 	if r.nWaiting >= r.cfg.WaitingSet.Capacity {
 		return r.reject(WaitingSetFull, 1)
 	}
+	var only subset
+	if o.Subset != nil {
+		if only = r.subsetOf(o.Subset); !r.canServe(only) {
+			return r.reject(SubsetUnavailable, 1)
+		}
+	}
 	out, explicit := int64(o.MaxTokens), o.MaxTokens > 0
 	if !explicit { // an estimate never makes a request unplaceable
 		out = max(1, min(r.expectedOutput(), r.maxKV-prompt))
@@ -53,7 +59,7 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 		ttft    float64
 	)
 	if r.nWaiting == 0 {
-		pl, atOnce = r.plan(t, o.PromptTokens, need, o.Prefix)
+		pl, atOnce = r.plan(t, o.PromptTokens, need, o.Prefix, only)
 	}
 	if atOnce {
 		ttft = pl.first - t
@@ -62,7 +68,7 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 		tail, tailDur, done = r.projectTail(t, o.PromptTokens, o.Prefix)
 		ttft = done - t
 		if !fallback {
-			if d := r.bestDecode(need, false); d >= 0 {
+			if d := r.bestDecode(need, false, nil); d >= 0 {
 				ttft += r.engines[tail].prof.KVTransferS + r.engines[d].stepSeconds(r.engines[d].streams+1, r.engines[d].kv+need)
 			}
 		} else if r.fallbackPending > 0 && ttft > r.cfg.WaitingSet.MaxWaitS {
@@ -89,6 +95,12 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 		return Outcome{Handle: h, Status: Dispatched, Placement: r.commit(t, slot, pl)}
 	}
 	r.enqueue(slot, h, tail, tailDur)
+	if only != nil {
+		if r.subsets == nil {
+			r.subsets = map[int32]subset{}
+		}
+		r.subsets[slot] = only
+	}
 	return Outcome{Handle: h, Status: Waiting}
 }
 
@@ -103,7 +115,7 @@ func addSat(a, b int64) int64 {
 func retryAfter(s float64) int { return max(1, int(math.Ceil(s))) }
 
 func (r *Router) reject(c Code, retry int) Outcome {
-	r.counters.Overflow.add(c)
+	r.counters.Overflow.Add(c)
 	if c.Status() != 429 && c != ShuttingDown {
 		retry = 0
 	}

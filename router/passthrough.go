@@ -1,10 +1,6 @@
 package router
 
-import (
-	"time"
-
-	"github.com/narwhal-llm/narwhal/fleet"
-)
+import "time"
 
 // PassKind says what a request Narwhal does not place asks of an engine.
 type PassKind uint8
@@ -22,25 +18,16 @@ const (
 // router.paths that Envoy still sends through Narwhal (behind a Gateway API Inference Extension
 // gateway every request goes through the picker). It is the live engine with the least of this
 // router's work on it (its prefill residents, its streams and the foreign requests its metrics
-// report), a prefill engine first for PassPrompt; ties go round the engines. It is counted in
-// Counters.PassedThrough, apart from the offers and the projection. ok is false when no engine
-// is live.
-func (r *Router) PassThrough(now time.Time, kind PassKind) (addr string, ok bool) {
+// report), a prefill engine first for PassPrompt; ties go round the engines; with only (the
+// gateway's subset hint, IP:port) among those. It is counted in Counters.PassedThrough, apart
+// from the offers and the projection. ok is false when no engine is live (in the subset).
+func (r *Router) PassThrough(now time.Time, kind PassKind, only []string) (addr string, ok bool) {
 	r.at(now)
-	best, bestLoad, bestPrefill := -1, 0, false
-	n := len(r.engines)
-	for k := range n {
-		i := (r.passNext + k) % n
-		e := &r.engines[i]
-		if !e.live || e.gone {
-			continue
-		}
-		load := e.prefilling + e.streams + e.obs.last.Foreign
-		prefill := kind == PassPrompt && e.role == fleet.Prefill && e.canPrefill()
-		if best < 0 || prefill && !bestPrefill || prefill == bestPrefill && load < bestLoad {
-			best, bestLoad, bestPrefill = i, load, prefill
-		}
+	var s subset
+	if only != nil {
+		s = r.subsetOf(only)
 	}
+	best := r.passPick(kind, s)
 	if best < 0 {
 		return "", false
 	}

@@ -7,6 +7,7 @@ package router
 import (
 	"math"
 
+	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
 )
 
@@ -25,6 +26,9 @@ func (r *Router) release(slot int32) {
 	e := &r.slots[slot]
 	*e = entry{gen: e.gen + 1}
 	r.free = append(r.free, slot)
+	if len(r.subsets) > 0 {
+		delete(r.subsets, slot)
+	}
 }
 
 func (r *Router) lookup(h Handle) (*entry, int32, error) {
@@ -195,11 +199,14 @@ func (r *Router) resetPrefix() {
 // more stream reserving need KV tokens, among those within stream and KV capacity; a prepared
 // donor (Prepare) only when no other fits. With mustFit false and none within capacity it
 // returns the lowest of all (for projections); -1 when none.
-func (r *Router) bestDecode(need int64, mustFit bool) int {
+func (r *Router) bestDecode(need int64, mustFit bool, only subset) int {
 	best, bestTier := -1, -1
 	step := math.Inf(1)
 	for _, i16 := range r.decodePool {
 		i := int(i16)
+		if !only.has(i16) {
+			continue
+		}
 		e := &r.engines[i]
 		tier := 0 // 2: fits; 1: fits but prepared; 0: beyond capacity
 		if e.fits(need) {
@@ -286,11 +293,11 @@ type plan struct {
 // completes first among those under prefill_concurrency (prefix blocks it holds are saved
 // work), and the decode engine with the lowest projected seconds per token within capacity; or
 // the fallback engine for both once it has drained.
-func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64) (plan, bool) {
+func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64, only subset) (plan, bool) {
 	pl := plan{p: -1, d: -1, need: need}
 	if r.fallback >= 0 {
 		fb := &r.engines[r.fallback]
-		if r.fallbackPending > 0 || fb.prefilling >= fb.prof.PrefillConcurrency || !fb.fits(need) {
+		if r.fallbackPending > 0 || fb.prefilling >= fb.prof.PrefillConcurrency || !fb.fits(need) || !only.has(r.fallback) {
 			return pl, false // capacity holds on the fallback as everywhere (issue 8)
 		}
 		pl.p, pl.d = int(r.fallback), int(r.fallback)
@@ -303,7 +310,7 @@ func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64) (plan,
 	for _, i16 := range r.prefillPool {
 		i := int(i16)
 		c := &r.engines[i]
-		if c.prefilling >= c.prof.PrefillConcurrency {
+		if c.prefilling >= c.prof.PrefillConcurrency || r.cfg.Handoff == config.HandoffPrefill && !only.has(i16) {
 			continue
 		}
 		// An engine just moved to prefill may still hold decode streams whose KV is on its way
@@ -322,7 +329,11 @@ func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64) (plan,
 	if pl.p < 0 {
 		return pl, false
 	}
-	if pl.d = r.bestDecode(need, true); pl.d < 0 {
+	decodeOnly := only
+	if r.cfg.Handoff == config.HandoffPrefill {
+		decodeOnly = nil // the destination is the prefill engine
+	}
+	if pl.d = r.bestDecode(need, true, decodeOnly); pl.d < 0 {
 		return pl, false
 	}
 	de := &r.engines[pl.d]
@@ -385,7 +396,11 @@ func (r *Router) pump(t float64) {
 			r.waiting.pop()
 			continue
 		}
-		pl, ok := r.plan(t, int(e.prompt), e.prompt+e.output, e.prefix)
+		var only subset
+		if len(r.subsets) > 0 {
+			only = r.subsets[slot]
+		}
+		pl, ok := r.plan(t, int(e.prompt), e.prompt+e.output, e.prefix, only)
 		if !ok {
 			return
 		}

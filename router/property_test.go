@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -47,6 +48,13 @@ func TestConservationProperty(t *testing.T) {
 		now := epoch
 		var live []Handle // handles the router may still hold
 		status := map[Handle]Status{}
+		subsets := map[Handle][]string{} // the subset hints of waiting requests
+		inSubset := func(step string, o Outcome, hint []string) {
+			dest := o.Placement.DecodeAddr // router.handoff decode, or the aggregate engine
+			if hint != nil && o.Status == Dispatched && !slices.Contains(hint, dest) {
+				rt.Fatalf("%s: placed on %s outside its subset hint %v", step, dest, hint)
+			}
+		}
 		check := func(step string) {
 			out := r.Ready()
 			ejected := append([]Ejection(nil), out.Ejections...)
@@ -57,6 +65,8 @@ func TestConservationProperty(t *testing.T) {
 				if status[o.Handle] != Waiting {
 					rt.Fatalf("%s: outbox names %v, which was %v, not waiting", step, o.Handle, status[o.Handle])
 				}
+				inSubset(step, o, subsets[o.Handle])
+				delete(subsets, o.Handle)
 				status[o.Handle] = o.Status
 			}
 			r.Advance()
@@ -93,7 +103,20 @@ func TestConservationProperty(t *testing.T) {
 			}
 			switch op {
 			case "offer":
-				o := r.Offer(now, Offer{ID: "r", PromptTokens: max(1, tokens("tokens", 20000)), MaxTokens: max(0, tokens("max", 500)), NonStreaming: rapid.Bool().Draw(rt, "nostream")})
+				var hint []string // sometimes a gateway's subset hint: a few engines' addresses
+				if rapid.IntRange(0, 3).Draw(rt, "hinted") == 0 {
+					hint = []string{}
+					for i := range n {
+						if rapid.Bool().Draw(rt, "in_subset") {
+							hint = append(hint, fmt.Sprintf("10.0.0.%d:80", i))
+						}
+					}
+				}
+				o := r.Offer(now, Offer{ID: "r", PromptTokens: max(1, tokens("tokens", 20000)), MaxTokens: max(0, tokens("max", 500)), NonStreaming: rapid.Bool().Draw(rt, "nostream"), Subset: hint})
+				inSubset("offer", o, hint)
+				if o.Status == Waiting && hint != nil {
+					subsets[o.Handle] = hint
+				}
 				if o.Status == Rejected {
 					if o.Handle != 0 || o.Code == 0 || (o.Code.Status() == 429 || o.Code == ShuttingDown) != (o.RetryAfterS > 0) ||
 						(o.Code == ContextLengthExceeded) != (o.Limit > 0 && o.Need > o.Limit) {

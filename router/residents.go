@@ -209,7 +209,7 @@ func (r *Router) unwait(e *entry, slot int32) {
 // turnAway rejects a waiting request (WaitTimeout, ShuttingDown) through the outbox.
 func (r *Router) turnAway(h Handle, e *entry, slot int32, c Code) {
 	r.unwait(e, slot)
-	r.counters.Overflow.add(c)
+	r.counters.Overflow.Add(c)
 	o := Outcome{Handle: h, Status: Rejected, Code: c}
 	if c == ShuttingDown {
 		o.RetryAfterS = 1

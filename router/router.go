@@ -164,6 +164,9 @@ type Router struct {
 	seq             uint64
 
 	passNext int // where PassThrough's next round of the engines starts
+	// subsets holds the subset hint of each waiting request that has one (Offer.Subset), by
+	// slot: the requests without one cost nothing.
+	subsets map[int32]subset
 
 	pricing pricing // Price's scratch space
 	outbox  []Outcome

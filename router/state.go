@@ -63,9 +63,13 @@ type Overflow struct {
 	// ShuttingDown counts admitted requests answered 503 shutting_down: still waiting when the
 	// shutdown grace ran out, or offered after it.
 	ShuttingDown uint64 `json:"shutting_down"`
+	// SubsetUnavailable counts offers whose subset hint named no engine able to be their
+	// destination (429).
+	SubsetUnavailable uint64 `json:"subset_unavailable"`
 }
 
-func (o *Overflow) add(c Code) {
+// Add counts one offer or request turned away with c (codes that are no overflow: none).
+func (o *Overflow) Add(c Code) {
 	switch c {
 	case WaitingSetFull:
 		o.WaitingSetFull++
@@ -79,6 +83,8 @@ func (o *Overflow) add(c Code) {
 		o.WaitTimeout++
 	case ShuttingDown:
 		o.ShuttingDown++
+	case SubsetUnavailable:
+		o.SubsetUnavailable++
 	}
 }
 
@@ -145,7 +151,7 @@ type Snapshot struct {
 // Conserved checks the three conservation laws; it returns the first one broken, or "".
 func (s *Snapshot) Conserved() string {
 	c, o := &s.Counters, &s.Counters.Overflow
-	if c.Offers != c.Invalid+c.Admitted+o.WaitingSetFull+o.PredictedSLOMiss+o.FallbackBusy+o.NoCapacity {
+	if c.Offers != c.Invalid+c.Admitted+o.WaitingSetFull+o.PredictedSLOMiss+o.FallbackBusy+o.NoCapacity+o.SubsetUnavailable {
 		return "offers != invalid + admitted + overflow"
 	}
 	if c.Admitted != uint64(s.Retained.Waiting)+c.Dispatched.Total()+o.WaitTimeout+o.ShuttingDown+c.Cancelled.Waiting {

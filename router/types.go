@@ -35,6 +35,12 @@ type Offer struct {
 	// MaxPrefixBlocks. It keeps the slice until the request is dispatched; the caller must not
 	// change it before then.
 	Prefix []uint64
+	// Subset, when not nil, is the engines (IP:port) the request's destination must be among:
+	// the Gateway API Inference Extension's subset hint. Its destination is its decode engine
+	// (router.handoff decode), its prefill engine (prefill), or the aggregate fallback; the
+	// other engine of a disaggregated request is not bound by it. None of them live and able to
+	// be the destination: SubsetUnavailable.
+	Subset []string
 }
 
 // MaxPrefixBlocks is how many prefix block hashes of an offer the router uses (the leading
@@ -58,6 +64,9 @@ const (
 	// ShuttingDown: Narwhal is stopping; the request was still waiting when the shutdown grace
 	// ran out, or arrived after (a 503 with retry-after).
 	ShuttingDown
+	// SubsetUnavailable: no engine of the request's subset hint (Offer.Subset) is live and able
+	// to be its destination (a 429, as the endpoint picker protocol asks).
+	SubsetUnavailable
 )
 
 func (c Code) String() string {
@@ -76,6 +85,8 @@ func (c Code) String() string {
 		return "context_length_exceeded"
 	case ShuttingDown:
 		return "shutting_down"
+	case SubsetUnavailable:
+		return "subset_unavailable"
 	}
 	return "unknown"
 }
@@ -83,7 +94,7 @@ func (c Code) String() string {
 // Status is the HTTP status of a rejection (README).
 func (c Code) Status() int {
 	switch c {
-	case WaitingSetFull, PredictedSLOMiss, FallbackBusy:
+	case WaitingSetFull, PredictedSLOMiss, FallbackBusy, SubsetUnavailable:
 		return 429
 	case NoCapacity, ShuttingDown:
 		return 503

@@ -10,7 +10,6 @@ import (
 	"github.com/narwhal-llm/narwhal/decisionlog"
 	"github.com/narwhal-llm/narwhal/history"
 	"github.com/narwhal-llm/narwhal/page"
-	"github.com/narwhal-llm/narwhal/router"
 )
 
 // Page is the report as the live page draws it (narwhal sim --plot FILE.html): one recorded
@@ -44,7 +43,7 @@ func (rep *Report) samples(cfg *config.Config, p PolicyReport, s *run) []history
 		smp := &out[w]
 		smp.OfferedPerS++
 		if o.rejected {
-			addRejection(&smp.Rejected, o.code)
+			smp.Rejected.Add(o.code)
 		} else {
 			smp.AdmittedPerS++
 		}
@@ -82,23 +81,6 @@ func (rep *Report) samples(cfg *config.Config, p PolicyReport, s *run) []history
 		}
 	}
 	return out
-}
-
-func addRejection(o *router.Overflow, c router.Code) {
-	switch c {
-	case router.WaitingSetFull:
-		o.WaitingSetFull++
-	case router.PredictedSLOMiss:
-		o.PredictedSLOMiss++
-	case router.FallbackBusy:
-		o.FallbackBusy++
-	case router.NoCapacity:
-		o.NoCapacity++
-	case router.WaitTimeout:
-		o.WaitTimeout++
-	case router.ShuttingDown:
-		o.ShuttingDown++
-	}
 }
 
 // decisionLines are the decision records of a replay's log that moved an engine or would have

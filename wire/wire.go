@@ -26,6 +26,13 @@ const (
 // through.
 var Headers = []string{HeaderDestination, HeaderPrefiller, HeaderDecode, HeaderPlacement, HeaderRequestID}
 
+// The Gateway API Inference Extension's subset hint: a gateway may forward, in the filter
+// metadata of its ext_proc requests, the endpoints (IP:port) the picker must choose among.
+const (
+	SubsetNamespace = "envoy.lb.subset_hint"
+	SubsetKey       = "x-gateway-destination-endpoint-subset"
+)
+
 // Endpoint metadata: the filter_metadata namespaces of every LbEndpoint the xDS server publishes.
 const (
 	// MetadataNamespace holds {"role", "engine_id", "lifecycle", "pinned"}.

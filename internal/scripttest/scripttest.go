@@ -55,7 +55,7 @@ func (d *Driver) At(td *datadriven.TestData) time.Time {
 
 // Run runs td if it is a shared command and reports whether it was one:
 //
-//	offer id=r1 tokens=N [max=N] [nostream] [prefix=a,b,c] [at=S]
+//	offer id=r1 tokens=N [max=N] [nostream] [prefix=a,b,c] [subset=e1,e2|-] [at=S]
 //	first id=r1 [at=S]      complete id=r1 [tokens=N] [at=S]
 //	fail id=r1 [upstream] [at=S]        cancel id=r1 [at=S]
 //	lifecycle id=e1 to=failed|draining|recovering|active [unconfirmed] [at=S]
@@ -95,11 +95,29 @@ func (d *Driver) offer(td *datadriven.TestData, b *strings.Builder) {
 			o.Prefix = append(o.Prefix, h)
 		}
 	}
+	o.Subset = d.Subset(td)
 	out := d.Router.Offer(d.At(td), o)
 	if out.Handle != 0 {
 		d.Handles[id], d.Names[out.Handle] = out.Handle, id
 	}
 	b.WriteString(Outcome(id, out))
+}
+
+// Subset reads a subset hint, subset=e1,e2 (engine ids; "-" for an empty hint), as the
+// engines' addresses; nil without the argument.
+func (d *Driver) Subset(td *datadriven.TestData) []string {
+	if !td.HasArg("subset") {
+		return nil
+	}
+	var ids string
+	td.ScanArgs(d.T, "subset", &ids)
+	out := []string{}
+	for _, id := range strings.Split(ids, ",") {
+		if e, ok := d.Fleet.Engine(id); ok {
+			out = append(out, e.Addr)
+		}
+	}
+	return out
 }
 
 func (d *Driver) blockID(s string) uint64 {
