@@ -98,7 +98,7 @@ type server struct {
 	// healthLn and healthSrv serve the gRPC health service alone (listen.health); nil when off.
 	healthLn  net.Listener
 	healthSrv *grpc.Server
-	releases                  []func() // undone at the end, last first: the state lock, the replica's lease
+	releases  []func() // undone at the end, last first: the state lock, the replica's lease
 
 	f        *fleet.Fleet
 	rep      *ha.Replica // replicas on etcd or a Lease (docs/ha.md); nil for a single instance
