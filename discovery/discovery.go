@@ -10,6 +10,7 @@ package discovery
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
@@ -131,8 +132,8 @@ func (s *Source) Reconcile(f *fleet.Fleet, eps []Endpoint, now time.Time) Result
 
 // Member is the engine an endpoint describes, checked as a config engine is (config.CheckMember):
 // its role from the role label ("" when the controller decides), its profile from the profile
-// label (or an annotation of that name), else the default, the switch method of
-// discovery.switch.
+// label (or an annotation of that name), else the default, the roles it can play from the
+// narwhal.dev/roles label or annotation (none: both), the switch method of discovery.switch.
 func (s *Source) Member(ep Endpoint) (config.Engine, error) {
 	role, _ := s.role(ep)
 	profile := ep.Labels[s.cfg.Discovery.ProfileLabel]
@@ -141,6 +142,15 @@ func (s *Source) Member(ep Endpoint) (config.Engine, error) {
 	}
 	ce := config.Engine{ID: ep.Name, Address: ep.Address, Role: role, Switch: s.cfg.Discovery.Switch,
 		Profile: s.cfg.DiscoveredProfile(profile)}
+	roles := ep.Labels[config.LabelRoles]
+	if roles == "" {
+		roles = ep.Annotations[config.LabelRoles]
+	}
+	for _, r := range strings.Split(roles, ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			ce.Roles = append(ce.Roles, r)
+		}
+	}
 	return ce, s.cfg.CheckMember(ce)
 }
 
