@@ -85,7 +85,7 @@ func hardenPod(p corev1.PodSpec, unpinned *regexp.Regexp) []string {
 	if p.ServiceAccountName == "" && (p.AutomountServiceAccountToken == nil || *p.AutomountServiceAccountToken) {
 		out = append(out, "mounts a service-account token it never uses (automountServiceAccountToken: false)")
 	}
-	for _, c := range p.Containers {
+	for _, c := range append(slices.Clone(p.InitContainers), p.Containers...) {
 		if unpinned.MatchString(c.Image) {
 			out = append(out, fmt.Sprintf("container %s: image %s is not pinned to a release", c.Name, c.Image))
 		}

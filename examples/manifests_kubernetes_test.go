@@ -10,7 +10,11 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/yaml"
 
+	"github.com/narwhal-llm/narwhal/discovery"
 	"github.com/narwhal-llm/narwhal/internal/kubetest"
 )
 
@@ -21,6 +25,7 @@ func TestKubernetesManifestsApply(t *testing.T) {
 	s := kubetest.Start(t)
 	c := s.AdminClients()
 	c.InstallCRD(t, "../discovery/testdata/inferencepool-crd.yaml")
+	c.InstallCRD(t, "testdata/destinationrule-crd.yaml")
 	all := manifests(t)
 	// Namespaces first: those the manifests declare are created from them, the others here.
 	slices.SortStableFunc(all, func(a, b manifest) int {
@@ -51,4 +56,40 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// The llm-d example's InferencePool patch applies to a pool as llm-d's P/D guide creates it
+// (gaie-pd, its picker gaie-pd-epp), and leaves it naming Narwhal's Service.
+func TestKubernetesLLMDPoolPatch(t *testing.T) {
+	s := kubetest.Start(t)
+	c := s.AdminClients()
+	c.InstallCRD(t, "../discovery/testdata/inferencepool-crd.yaml")
+	c.Namespace(t, "llm-d-pd")
+	pool := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+		"metadata": map[string]any{"name": "gaie-pd", "namespace": "llm-d-pd"},
+		"spec": map[string]any{
+			"selector":          map[string]any{"matchLabels": map[string]any{"llm-d.ai/inferenceServing": "true"}},
+			"targetPorts":       []any{map[string]any{"number": int64(8000)}},
+			"endpointPickerRef": map[string]any{"name": "gaie-pd-epp", "port": map[string]any{"number": int64(9002)}},
+		},
+	}}
+	res := c.Dynamic.Resource(discovery.InferencePoolResource).Namespace("llm-d-pd")
+	if _, err := res.Create(context.Background(), pool, metav1.CreateOptions{FieldValidation: "Strict"}); err != nil {
+		t.Fatal(err)
+	}
+	patch, err := yaml.YAMLToJSON(mustRead(t, "kubernetes/llm-d/inferencepool-patch.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := res.Patch(context.Background(), "gaie-pd", types.MergePatchType, patch, metav1.PatchOptions{FieldValidation: "Strict"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name, _, _ := unstructured.NestedString(got.Object, "spec", "endpointPickerRef", "name"); name != "narwhal-epp" {
+		t.Fatalf("the pool's picker is %q", name)
+	}
+	if _, err := discovery.PoolMembers(got); err != nil {
+		t.Fatalf("the patched pool: %v", err)
+	}
 }

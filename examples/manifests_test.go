@@ -3,8 +3,10 @@ package examples
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -31,6 +33,8 @@ type manifest struct {
 func manifests(t *testing.T) []manifest {
 	t.Helper()
 	files, err := filepath.Glob("kubernetes/*.yaml")
+	deeper, _ := filepath.Glob("kubernetes/*/*.yaml")
+	files = append(files, deeper...)
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no manifests: %v", err)
 	}
@@ -39,6 +43,9 @@ func manifests(t *testing.T) []manifest {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if strings.HasSuffix(f, "-patch.yaml") {
+			continue // a patch, not an object (TestLLMDExample reads it)
 		}
 		for _, doc := range bytes.Split(data, []byte("\n---\n")) {
 			doc = append(doc, '\n') // the separator took the document's last line end
@@ -71,6 +78,9 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 			}
 			continue
 		}
+		if kind == "DestinationRule" { // Istio's: checked by TestLLMDExample and on the API server
+			continue
+		}
 		obj, _, err := strict.Decode(m.doc, nil, nil)
 		if err != nil {
 			t.Errorf("%s: %s %s: %v", m.file, kind, m.obj.GetName(), err)
@@ -91,7 +101,7 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 			// TLS on ext_proc and admin, from a Secret mounted where the config reads it.
 			if !cfg.TLS.ExtProc.Enabled() || !cfg.TLS.Admin.Enabled() || !strings.HasPrefix(cfg.TLS.ExtProc.CertFile, "/etc/narwhal/tls/") ||
 				!bytes.Contains(mustRead(t, m.file), []byte("{name: tls, mountPath: /etc/narwhal/tls, readOnly: true}")) {
-				t.Errorf("%s: the config serves ext_proc or admin without TLS from the Secret at /etc/narwhal/tls: %+v", m.file, cfg.TLS)
+				t.Errorf("%s: the config serves ext_proc or admin without TLS from the volume at /etc/narwhal/tls: %+v", m.file, cfg.TLS)
 			}
 			configs[m.file] = cfg
 		}
@@ -145,4 +155,72 @@ func mustRead(t *testing.T, path string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// The llm-d example (docs/kubernetes.md, "Swapping llm-d's picker for Narwhal") fits llm-d's P/D
+// guide as it installs: the InferencePool it patches is the guide's, the patch names the Service
+// the file creates, and the picker's ports are llm-d's (ext_proc 9002, gRPC health 9003, metrics
+// 9090); the role label is not written (modelservice selects on it), the decode pods are probed
+// through their sidecar; the Deployment is recreated, not rolled; Istio reaches the Service over
+// TLS without checking its self-made certificate.
+func TestLLMDExample(t *testing.T) {
+	var cfg *config.Config
+	var svcPorts, dr []string
+	var strategy string
+	for _, m := range manifests(t) {
+		if !strings.Contains(m.file, "llm-d/") {
+			continue
+		}
+		switch m.obj.GetKind() {
+		case "ConfigMap":
+			y, _, _ := unstructured.NestedString(m.obj.Object, "data", "narwhal.yaml")
+			var err error
+			if cfg, err = config.Load([]byte(y)); err != nil {
+				t.Fatal(err)
+			}
+		case "Service":
+			ports, _, _ := unstructured.NestedSlice(m.obj.Object, "spec", "ports")
+			for _, p := range ports {
+				pm := p.(map[string]any)
+				svcPorts = append(svcPorts, fmt.Sprint(pm["name"], ":", pm["port"]))
+			}
+			if m.obj.GetName() != "narwhal-epp" {
+				t.Errorf("Service %s", m.obj.GetName())
+			}
+		case "Deployment":
+			strategy, _, _ = unstructured.NestedString(m.obj.Object, "spec", "strategy", "type")
+		case "DestinationRule":
+			host, _, _ := unstructured.NestedString(m.obj.Object, "spec", "host")
+			mode, _, _ := unstructured.NestedString(m.obj.Object, "spec", "trafficPolicy", "tls", "mode")
+			skip, _, _ := unstructured.NestedBool(m.obj.Object, "spec", "trafficPolicy", "tls", "insecureSkipVerify")
+			dr = append(dr, host, mode, fmt.Sprint(skip))
+		}
+	}
+	if cfg == nil {
+		t.Fatal("no Narwhal config in the llm-d example")
+	}
+	k := cfg.Discovery.Kubernetes
+	if k.Namespace != "llm-d-pd" || k.InferencePool != "gaie-pd" || k.WriteRoleLabel || cfg.Health.Path != "/v1/models" {
+		t.Errorf("discovery %+v, health.path %s", k, cfg.Health.Path)
+	}
+	if cfg.Listen.ExtProc != "0.0.0.0:9002" || cfg.Listen.Health != "0.0.0.0:9003" || cfg.Listen.Admin != "0.0.0.0:9090" {
+		t.Errorf("listen %+v: want llm-d's picker ports", cfg.Listen)
+	}
+	if want := []string{"grpc-ext-proc:9002", "grpc-health:9003", "http-metrics:9090"}; !slices.Equal(svcPorts, want) {
+		t.Errorf("Service ports %v, want %v", svcPorts, want)
+	}
+	if strategy != "Recreate" {
+		t.Errorf("Deployment strategy %q: only the leader is Ready, a rolling update never completes", strategy)
+	}
+	if want := []string{"narwhal-epp.llm-d-pd.svc.cluster.local", "SIMPLE", "true"}; !slices.Equal(dr, want) {
+		t.Errorf("DestinationRule %v, want %v", dr, want)
+	}
+	var patch map[string]any
+	if err := yaml.Unmarshal(mustRead(t, "kubernetes/llm-d/inferencepool-patch.yaml"), &patch); err != nil {
+		t.Fatal(err)
+	}
+	ref, _, _ := unstructured.NestedMap(patch, "spec", "endpointPickerRef")
+	if ref["name"] != "narwhal-epp" || fmt.Sprint(ref["port"]) != "map[number:9002]" {
+		t.Errorf("the InferencePool patch names %v", ref)
+	}
 }
