@@ -12,6 +12,8 @@ TEST_FLAGS  ?= -race -count=1 -timeout=30m
 KUBE_VERSION   := v1.37.2
 # The kube-apiserver the Kubernetes tests run (internal/kubeapiserver), built once into the user cache.
 KUBE_APISERVER ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/narwhal/kube-apiserver-$(KUBE_VERSION)
+# Its controller manager (the Deployment and ReplicaSet controllers roll the examples' Deployment).
+KUBE_CONTROLLER_MANAGER ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/narwhal/kube-controller-manager-$(KUBE_VERSION)
 
 # llm-d's vLLM emulator and P/D routing sidecar (internal/llmd, from the Go module proxy), built
 # once into the user cache for the interop tests (docs/interop.md).
@@ -21,7 +23,7 @@ LLMD_DIR             ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/narwhal
 LLMD_SIM             ?= $(LLMD_DIR)/llm-d-inference-sim-$(LLMD_SIM_VERSION)
 LLMD_SIDECAR         ?= $(LLMD_DIR)/pd-sidecar-$(LLMD_SIDECAR_VERSION)
 
-.PHONY: all build run test test-kubernetes kube-apiserver llmd test-interop lint fmt vet staticcheck browser screenshot bench bench-sim bench-control bench-control-random bench-burst bench-ha bench-profile fuzz check-long clean
+.PHONY: all build run test test-kubernetes kube-apiserver kube-controller-manager llmd test-interop lint fmt vet staticcheck browser screenshot bench bench-sim bench-control bench-control-random bench-burst bench-ha bench-profile fuzz check-long clean
 
 all: build
 
@@ -40,10 +42,12 @@ test: lint browser
 # Kubernetes discovery, role labels and leader election against a real kube-apiserver
 # (docs/kubernetes.md): built from the Kubernetes module once (about 5 minutes on 2 cores, 3 GB
 # peak, plus its modules' download on a fresh machine), then reused from the user cache.
-test-kubernetes: kube-apiserver
-	NARWHAL_KUBE_APISERVER=$(KUBE_APISERVER) $(GO) test $(TEST_FLAGS) -tags kubernetes -run 'Kubernetes' ./discovery ./ha ./examples ./cmd/narwhal
+test-kubernetes: kube-apiserver kube-controller-manager
+	NARWHAL_KUBE_APISERVER=$(KUBE_APISERVER) NARWHAL_KUBE_CONTROLLER_MANAGER=$(KUBE_CONTROLLER_MANAGER) $(GO) test $(TEST_FLAGS) -tags kubernetes -run 'Kubernetes' ./discovery ./ha ./examples ./cmd/narwhal
 
 kube-apiserver: $(KUBE_APISERVER)
+
+kube-controller-manager: $(KUBE_CONTROLLER_MANAGER)
 
 # Narwhal with llm-d's own components (docs/interop.md): the emulator as every engine, the
 # sidecar in front of each decode engine.
@@ -63,6 +67,10 @@ $(LLMD_SIDECAR):
 $(KUBE_APISERVER):
 	@mkdir -p $(dir $@)
 	cd internal/kubeapiserver && $(GO) build -trimpath -o $@.tmp . && mv $@.tmp $@
+
+$(KUBE_CONTROLLER_MANAGER):
+	@mkdir -p $(dir $@)
+	cd internal/kubeapiserver && $(GO) build -trimpath -o $@.tmp ./controllermanager && mv $@.tmp $@
 
 # The live page's test drives Debian's chromium (headless): installed here when missing.
 browser:
