@@ -95,12 +95,12 @@ type DiscoveryFile struct {
 
 // Discovery labels (llm-d's conventions).
 const (
-	LabelRole         = "llm-d.ai/role"
-	LabelProfile      = "narwhal.dev/profile"
+	LabelRole    = "llm-d.ai/role"
+	LabelProfile = "narwhal.dev/profile"
 	// LabelRoles (a label or an annotation, comma-separated) says which roles a discovered
 	// engine can play, as engines[].roles does for a configured one: in llm-d's topology a
 	// prefill pod has no P/D sidecar and can play prefill only.
-	LabelRoles = "narwhal.dev/roles"
+	LabelRoles        = "narwhal.dev/roles"
 	RolePrefillDecode = "prefill-decode"
 	// RoleBoth is llm-d's deprecated name of prefill-decode, still accepted.
 	RoleBoth = "both"
