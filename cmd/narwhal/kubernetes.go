@@ -19,7 +19,7 @@ import (
 // discovery.kubernetes.kubeconfig, or in-cluster from the pod's service account.
 func newKubernetes(cfg *config.Config, f *fleet.Fleet, log *slog.Logger) (*discovery.Kubernetes, error) {
 	kc := cfg.Discovery.Kubernetes
-	rc, err := kubeClientConfig(kc.Kubeconfig)
+	rc, err := kubeClientConfig("discovery.kubernetes", kc.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
@@ -36,18 +36,19 @@ func newKubernetes(cfg *config.Config, f *fleet.Fleet, log *slog.Logger) (*disco
 		Fleet: f, RoleLabel: cfg.Discovery.RoleLabel, Now: time.Now, Log: log}, nil
 }
 
-// kubeClientConfig reads a kubeconfig file, or, with none, the in-cluster config.
-func kubeClientConfig(path string) (*rest.Config, error) {
+// kubeClientConfig reads a kubeconfig file, or, with none, the in-cluster config; key is the
+// config section that asks (discovery.kubernetes, ha.kubernetes), named in errors.
+func kubeClientConfig(key, path string) (*rest.Config, error) {
 	if path == "" {
 		rc, err := rest.InClusterConfig()
 		if err != nil {
-			return nil, fmt.Errorf("discovery.kubernetes: not in a cluster (%w): set discovery.kubernetes.kubeconfig", err)
+			return nil, fmt.Errorf("not in a cluster (%w): set %s.kubeconfig", err, key)
 		}
 		return rc, nil
 	}
 	rc, err := clientcmd.BuildConfigFromFlags("", path)
 	if err != nil {
-		return nil, fmt.Errorf("discovery.kubernetes.kubeconfig %s: %w", path, err)
+		return nil, fmt.Errorf("%s.kubeconfig %s: %w", key, path, err)
 	}
 	return rc, nil
 }

@@ -17,7 +17,7 @@ import (
 // (ha.kubernetes) or on etcd.
 func dialReplica(cfg *config.Config, id string, log *slog.Logger) (*ha.Replica, error) {
 	if k := cfg.HA.Kubernetes; k.Namespace != "" {
-		rc, err := kubeClientConfig(k.Kubeconfig)
+		rc, err := kubeClientConfig("ha.kubernetes", k.Kubeconfig)
 		if err != nil {
 			return nil, fmt.Errorf("ha.kubernetes: %w", err)
 		}
