@@ -13,7 +13,16 @@
 // Live runs a Controller in real time beside router.Live: it sleeps until NextDeadline or an
 // urgent trigger, prices a fork of the router taken under its lock, persists, applies, logs and
 // publishes each decision to the decision log (decisionlog.Log), which package audit checks
-// without this package's code. The health monitor (Monitor over the Health core) and the
-// in-place switcher (Switcher) also live here; the engine-facing clients they call (the HTTP
-// probe, the SGLang switch) are package engineclient.
+// without this package's code.
+//
+// The package holds three cores, each with the loop that runs it in real time (the simulator
+// runs the cores in virtual time):
+//
+//	job                          core (time in, actions out)        loop (real time, I/O)
+//	role control                 Controller     controller.go      Live      live.go
+//	health and lifecycles        Health         health.go          Monitor   monitor.go
+//	in-place role switches       SwitchSteps    switch.go          Switcher  switch.go
+//
+// The loops meet only through the fleet (package fleet) and the router; the engine-facing
+// clients they call (the HTTP probe, the SGLang switch) are package engineclient.
 package controller
