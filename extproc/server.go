@@ -185,6 +185,24 @@ func StreamLimit(cfg *config.Config, engines []fleet.Engine) int {
 // limit finish, new ones are refused until the count is under it.
 func (s *Server) SetStreamLimit(n int) { s.limit.Store(int64(n)) }
 
+// FollowFleet keeps the stream limit at StreamLimit of the fleet as it changes (the engines that
+// can decode bound the streams served) until ctx ends.
+func (s *Server) FollowFleet(ctx context.Context, cfg *config.Config, f interface {
+	Subscribe() (<-chan struct{}, func())
+	Snapshot() fleet.Snapshot
+}) {
+	changed, stop := f.Subscribe()
+	defer stop()
+	for {
+		s.SetStreamLimit(StreamLimit(cfg, f.Snapshot().Engines)) // at once: a change may precede the subscription
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
+	}
+}
+
 // MaxStreamsPerConn is the streams one connection may carry: far past any StreamLimit (a fleet
 // that grows at run time raises it), which Process enforces stream by stream.
 const MaxStreamsPerConn = 1 << 20

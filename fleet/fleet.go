@@ -217,6 +217,13 @@ func (f *Fleet) SetLifecycle(id string, to Lifecycle, now time.Time, cause strin
 	})
 }
 
+// Eject marks an engine failed by passive health checking: failures upstream failures in a row on
+// the data path took it out of placement (router.Ejection); the health probes readmit it. The
+// live server and the simulator both apply ejections this way.
+func (f *Fleet) Eject(id string, failures int, now time.Time) (Engine, error) {
+	return f.SetLifecycle(id, Failed, now, fmt.Sprintf("passive: %d upstream failures in a row", failures))
+}
+
 // Readmit makes a recovering engine active on its probes; unconfirmed says none of them failed
 // after the data path failed it (Engine.Unconfirmed).
 func (f *Fleet) Readmit(id string, now time.Time, cause string, unconfirmed bool) (Engine, error) {

@@ -361,8 +361,7 @@ func (s *run) settle() {
 		// what it produces at this same instant.
 		ejected := false
 		for _, e := range s.ejected {
-			cause := fmt.Sprintf("passive: %d upstream failures in a row", e.Failures)
-			if _, err := s.f.SetLifecycle(e.Engine, fleet.Failed, s.now, cause); err == nil {
+			if _, err := s.f.Eject(e.Engine, e.Failures, s.now); err == nil {
 				s.syncFleet()
 				ejected = true
 			}

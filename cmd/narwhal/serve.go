@@ -368,18 +368,7 @@ func (s *server) run(ctx context.Context) error {
 	s.wg.Go(func() { _ = s.xds.Run(runCtx) })
 	s.wg.Go(func() { _ = s.live.Run(runCtx) })
 	s.wg.Go(func() { s.live.Follow(runCtx, f) })
-	s.wg.Go(func() { // the engines that can decode bound the streams served: follow the fleet
-		changed, stop := f.Subscribe()
-		defer stop()
-		for {
-			select {
-			case <-runCtx.Done():
-				return
-			case <-changed:
-				s.ext.SetStreamLimit(extproc.StreamLimit(cfg, f.Snapshot().Engines))
-			}
-		}
-	})
+	s.wg.Go(func() { s.ext.FollowFleet(runCtx, cfg, f) })
 	s.wg.Go(func() { s.rec.Run(runCtx, config.Seconds(cfg.Admin.History.IntervalS)) })
 	if s.rep == nil {
 		s.lead()
@@ -517,8 +506,7 @@ const flushPause = 200 * time.Millisecond
 // eject marks an engine that passive health checking took out of placement as failed; the
 // health probes readmit it.
 func eject(f *fleet.Fleet, e router.Ejection, log *slog.Logger) {
-	cause := fmt.Sprintf("passive: %d upstream failures in a row", e.Failures)
-	if _, err := f.SetLifecycle(e.Engine, fleet.Failed, time.Now(), cause); err != nil {
+	if _, err := f.Eject(e.Engine, e.Failures, time.Now()); err != nil {
 		log.Warn("passive health ejection not applied", "engine", e.Engine, "err", err)
 		return
 	}
