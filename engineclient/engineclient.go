@@ -1,7 +1,8 @@
 // Package engineclient is Narwhal as a client of its engines (an edge: network I/O only): the
-// HTTP health probe, the resolution of an engine's host name, and SGLang's in-place role switch
-// (POST /pd_role_switch). The cores that use them own the interfaces they implement
-// (controller.Prober, controller.RoleSwitcher).
+// HTTP health probe, the resolution of an engine's host name, SGLang's in-place role switch
+// (POST /pd_role_switch), and the reading of their metrics (metrics.go, reader.go). The cores
+// that use them own the interfaces they implement (controller.Prober, controller.RoleSwitcher,
+// the router's observations through Observer).
 package engineclient
 
 import (
@@ -10,10 +11,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
@@ -92,6 +95,22 @@ func Resolve(ctx context.Context, r *net.Resolver, address string) (netip.AddrPo
 		}
 	}
 	return netip.AddrPortFrom(best.Unmap(), uint16(pn)), nil
+}
+
+// ResolveFleet resolves every engine's host name once, each within timeout, and records the
+// address in the fleet; serve runs it before serving (the health monitor re-resolves on every
+// pass). An engine that does not resolve is logged and takes no placements until it does.
+func ResolveFleet(ctx context.Context, f *fleet.Fleet, timeout time.Duration, log *slog.Logger) {
+	for _, e := range f.Snapshot().Engines {
+		rctx, cancel := context.WithTimeout(ctx, timeout)
+		ap, err := Resolve(rctx, nil, e.Address)
+		cancel()
+		if err != nil {
+			log.Warn("engine address does not resolve", "engine", e.ID, "address", e.Address, "err", err)
+			continue
+		}
+		_, _ = f.SetAddr(e.ID, ap, time.Now())
+	}
 }
 
 // SGLangSwitch switches SGLang engines (server flag --enable-pd-role-switch): POST

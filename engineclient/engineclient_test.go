@@ -1,13 +1,16 @@
 package engineclient
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
@@ -126,5 +129,27 @@ func TestSGLangSwitch(t *testing.T) {
 		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
 			t.Errorf("%s: %v, want %q", c.body, err, c.want)
 		}
+	}
+}
+
+// ResolveFleet records the address of every engine whose host name resolves, and leaves the
+// others unresolved (they take no placements), saying so.
+func TestResolveFleet(t *testing.T) {
+	cfg := config.Default()
+	cfg.Engines = []config.Engine{
+		{ID: "a", Address: "localhost:8000", Role: "prefill", Profile: config.DefaultProfileName},
+		{ID: "b", Address: "no-such-host.invalid:8000", Role: "decode", Profile: config.DefaultProfileName},
+	}
+	f, err := fleet.New(cfg, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	ResolveFleet(context.Background(), f, 2*time.Second, slog.New(slog.NewTextHandler(&logs, nil)))
+	if a, _ := f.Engine("a"); a.Addr != "127.0.0.1:8000" && a.Addr != "[::1]:8000" {
+		t.Errorf("a resolved to %q", a.Addr)
+	}
+	if b, _ := f.Engine("b"); b.Addr != b.Address || !strings.Contains(logs.String(), "engine=b") {
+		t.Errorf("b = %q; log %s", b.Addr, logs.String())
 	}
 }

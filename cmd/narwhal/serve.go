@@ -337,7 +337,7 @@ func (s *server) fail(err error) {
 // failure (nil for ctx).
 func (s *server) run(ctx context.Context) error {
 	cfg, log, f := s.cfg, s.log, s.f
-	resolveAll(ctx, f, cfg.Health, log) // placements carry IP:port from the first request on
+	engineclient.ResolveFleet(ctx, f, config.Seconds(cfg.Health.TimeoutS), log) // placements carry IP:port from the first request on
 	s.wg.Go(func() {
 		serveAdmin := s.adminSrv.Serve
 		if s.tls.admin != nil {
@@ -511,21 +511,6 @@ func eject(f *fleet.Fleet, e router.Ejection, log *slog.Logger) {
 		return
 	}
 	log.Warn("engine ejected by passive health checking", "engine", e.Engine, "failures", e.Failures)
-}
-
-// resolveAll resolves every engine's host name once before serving; the health monitor
-// re-resolves on every pass. An engine that does not resolve takes no placements until it does.
-func resolveAll(ctx context.Context, f *fleet.Fleet, h config.Health, log *slog.Logger) {
-	for _, e := range f.Snapshot().Engines {
-		rctx, cancel := context.WithTimeout(ctx, config.Seconds(h.TimeoutS))
-		ap, err := engineclient.Resolve(rctx, nil, e.Address)
-		cancel()
-		if err != nil {
-			log.Warn("engine address does not resolve", "engine", e.ID, "address", e.Address, "err", err)
-			continue
-		}
-		_, _ = f.SetAddr(e.ID, ap, time.Now())
-	}
 }
 
 // stateDirOf is the start line's state_dir: the absolute directory of a single instance's state,
