@@ -169,6 +169,7 @@ func TestExamplesValidate(t *testing.T) {
 				t.Errorf("%s: %v", rel, err)
 			}
 		case strings.HasPrefix(rel, "kubernetes/"): // Kubernetes manifests: examples/manifests_test.go
+		case strings.HasPrefix(rel, "testdata/"): // the examples' tests' CRDs: installed by examples/manifests_kubernetes_test.go
 		case rel == "docker-compose.yaml":
 			checkCompose(t, data)
 		case rel == "docker-compose-ha.yaml":
