@@ -394,6 +394,17 @@ func (k *Kubernetes) reconcile(lister interface {
 		k.Log.Warn("discovery.kubernetes: "+UnprofiledLine, "engine", id, "profile", k.Source.cfg.DiscoveredProfile(""), "label", k.Source.cfg.Discovery.ProfileLabel)
 	}
 	k.pods = names
+	owned := map[types.UID]bool{}
+	for _, r := range names {
+		if r.owner != nil {
+			owned[r.owner.UID] = true
+		}
+	}
+	for uid := range k.owners { // forget the owners no pod has any more
+		if !owned[uid] {
+			delete(k.owners, uid)
+		}
+	}
 	k.status.Synced, k.status.Read, k.status.Engines, k.status.Problems = true, now, len(eps), res.Problems
 	if k.OnRead != nil {
 		s := k.status

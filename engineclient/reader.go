@@ -46,6 +46,7 @@ type MetricsReader struct {
 
 // noted is what was last logged of one engine, so that each is logged once.
 type noted struct {
+	observed      bool // a reading was handed on: cleared (Observe nil) when the engine leaves placement
 	failing       bool
 	kvMismatch    bool
 	unserved      bool
@@ -97,6 +98,7 @@ func (m *MetricsReader) Pass(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, e := range snap.Engines {
 		if !e.Live() || e.Addr == "" {
+			m.unobserve(e.ID)
 			continue
 		}
 		sem <- struct{}{}
@@ -132,6 +134,7 @@ func (m *MetricsReader) read(ctx context.Context, e fleet.Engine) {
 		return
 	}
 	m.reads.WithLabelValues("ok").Inc()
+	m.note(e.ID, func(n *noted) { n.observed = true })
 	got, _ := m.router.Observe(e.ID, &router.Observation{
 		Running: mt.Running, Waiting: mt.Waiting, KVUsage: mt.KVUsage, HasKVUsage: mt.HasKVUsage,
 		Finished: mt.Finished, PromptTokens: mt.PromptTokens, HasPromptTokens: mt.HasPromptTokens,
@@ -180,6 +183,16 @@ func (m *MetricsReader) checkProfile(n *noted, e fleet.Engine, mt Metrics) {
 			"ratio", fmt.Sprintf("%.2f", float64(mt.KVCapacity)/float64(want)))
 	}
 	n.kvMismatch = mismatch
+}
+
+// unobserve clears the router's reading of an engine out of placement (draining, failed): what
+// it said when it was read is not what it runs now.
+func (m *MetricsReader) unobserve(id string) {
+	was := false
+	m.note(id, func(n *noted) { was, n.observed = n.observed, false })
+	if was {
+		m.router.Observe(id, nil)
+	}
 }
 
 // note runs fn on the engine's logged state under the lock.

@@ -158,17 +158,22 @@ func TestMetricsReader(t *testing.T) {
 		}
 	}
 
-	// An engine out of placement is not read; a stopped reader reads nothing.
+	// An engine out of placement is not read, and its last reading is cleared (once); a
+	// stopped reader reads nothing.
 	if _, err := f.Drain("d1", time.Now(), "test"); err != nil {
 		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	m.Pass(ctx)
+	if o, seen := rec.get("d1"); !seen || o != nil {
+		t.Fatalf("a draining engine's reading not cleared: %+v (seen %t)", o, seen)
 	}
 	rec.mu.Lock()
 	delete(rec.last, "d1")
 	rec.mu.Unlock()
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
 	m.Pass(ctx)
 	if _, seen := rec.get("d1"); seen {
-		t.Fatal("a draining engine was read")
+		t.Fatal("a draining engine was read, or cleared again")
 	}
 }

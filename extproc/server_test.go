@@ -674,7 +674,7 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label string) fl
 // The Gateway API Inference Extension's subset hint: a gateway forwards, in the filter
 // metadata of its ext_proc requests (envoy.lb.subset_hint), the endpoints the picker must
 // choose among. A placed request's destination and a passed-through request's engine are among
-// them; a hint naming no engine that can be the destination is answered 429
+// them; a hint naming no engine that can be the destination is answered 503
 // subset_unavailable, as the protocol asks. (Before, the hint was ignored.)
 func TestSubsetHint(t *testing.T) {
 	fx := newFixture(t, relaxed(gateway.Mode{}), nil)
@@ -688,7 +688,11 @@ func TestSubsetHint(t *testing.T) {
 			}
 			var list []any
 			for _, id := range strings.Split(ids, ",") {
-				list = append(list, fx.addr[id])
+				addr, ok := fx.addr[id]
+				if !ok {
+					addr = id // an address no engine has
+				}
+				list = append(list, addr)
 			}
 			ns, err := structpb.NewStruct(map[string]any{wire.SubsetKey: list})
 			if err != nil {
@@ -724,8 +728,11 @@ func TestSubsetHint(t *testing.T) {
 		t.Fatalf("pass-through, subset e2: %d to %q", code, o.Destination)
 	}
 	code, o := send("/v1/completions", completion, "e1,e2") // prefill engines only: no destination
-	if code != 429 || o.LocalReply == nil || !strings.Contains(string(o.LocalReply.Body), "subset_unavailable") {
+	if code != 503 || o.LocalReply == nil || !strings.Contains(string(o.LocalReply.Body), "subset_unavailable") {
 		t.Fatalf("subset of prefill engines: %d %+v", code, o.LocalReply)
+	}
+	if code, o := send("/v1/models", "", "10.9.9.9:1"); code != 503 || o.LocalReply == nil || !strings.Contains(string(o.LocalReply.Body), "subset_unavailable") {
+		t.Fatalf("pass-through, a subset of no engine: %d %+v", code, o.LocalReply)
 	}
 	if s := fx.settle(); s.Counters.Overflow.SubsetUnavailable != 1 {
 		t.Fatalf("overflow %+v", s.Counters.Overflow)

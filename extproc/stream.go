@@ -317,11 +317,17 @@ func subsetHint(md *corev3.Metadata) []string {
 // engine the router picks for it (router.PassThrough), named as a placement names its engine,
 // so that behind a gateway whose every request goes through Narwhal (the Gateway API Inference
 // Extension's) /v1/models, /v1/embeddings or /health reach an engine. With no live engine it
-// goes on without one (the route decides).
+// goes on without one (the route decides), unless the gateway's subset hint named engines:
+// then 503 subset_unavailable, as for a placed request.
 func (st *stream) passThrough(path string, mut *extprocv3.HeaderMutation) {
 	st.to(phasePassing)
 	addr, ok := st.s.placer.PassThrough(passKind(path), st.req.subset)
-	if !ok {
+	switch {
+	case !ok && st.req.subset != nil: // the gateway's subset names no live engine: the protocol's 503
+		c := router.SubsetUnavailable
+		st.reject(rejection{status: c.Status(), code: c.String(), message: rejectMessage(router.Outcome{Code: c})}, "narwhal_"+c.String())
+		return
+	case !ok:
 		st.reply(continueRequestHeaders(mut))
 		return
 	}

@@ -59,6 +59,9 @@ const (
 	// handoffsUnproven disaggregated requests in a row whose prefill engine was marked so mark
 	// their decode engine.
 	handoffsUnproven = 4
+	// maxForeign bounds the requests one reading may report (a gauge that never comes down,
+	// an address that sums many engines).
+	maxForeign = 1 << 16
 	// promptEWMA weighs each observation's mean prompt (prompt tokens / finished requests since
 	// the last) into an engine's.
 	promptEWMA = 0.3
@@ -116,23 +119,36 @@ func (r *Router) Observe(now time.Time, id string, o *Observation) (Observed, bo
 
 	// Foreign load: what the engine runs and queues beyond this router's on it. This router's
 	// own requests reach the engine after it places them and leave it before their completion
-	// is seen, so its own work reads as no more than its residents.
-	own := max(e.prefilling, e.streams)
-	n := max(0, int(math.Round(o.Running+o.Waiting))-own)
+	// is seen, so its own work reads as no more than its residents: its prefill residents and
+	// its streams, each request once (on the aggregate fallback a request is both).
+	own := e.prefilling + e.streams
+	if int16(i) == r.fallback {
+		own = max(e.prefilling, e.streams)
+	}
+	reported := min(max(o.Running+o.Waiting, 0), maxForeign) // a gauge gone wild is bounded
+	n := max(0, int(math.Round(reported))-own)
+	usage := min(max(o.KVUsage, 0), 1)
 	s.ok = true
-	s.last = Observed{AtS: t, Running: o.Running, Waiting: o.Waiting, KVUsage: o.KVUsage, HasKVUsage: o.HasKVUsage, Foreign: n}
-	e.foreign, s.foreignKV, s.foreignUntil = 0, 0, t
+	s.last = Observed{AtS: t, Running: o.Running, Waiting: o.Waiting, KVUsage: usage, HasKVUsage: o.HasKVUsage, Foreign: n}
+	e.foreign, s.foreignKV = 0, 0
+	s.foreignUntil = min(s.foreignUntil, t) // the reading replaces what the last one projected
 	switch {
 	case n == 0:
 	case e.role == fleet.Decode && int16(i) != r.fallback:
-		e.foreign = n
-		if d := e.prof.Decode; d != nil && o.HasKVUsage && o.Running+o.Waiting > 0 {
-			s.foreignKV = int64(o.KVUsage * float64(d.MaxKVTokens) * float64(n) / (o.Running + o.Waiting))
-		} else if e.streams > 0 {
-			s.foreignKV = e.kv / int64(e.streams) * int64(n)
+		// Foreign streams raise the step a stream here gets; they never fill the engine for
+		// placement (its own scheduler admits what it can): at most its max_streams are counted.
+		if d := e.prof.Decode; d != nil {
+			e.foreign = min(n, d.MaxStreams)
+			if o.HasKVUsage && reported > 0 {
+				s.foreignKV = int64(usage * float64(d.MaxKVTokens) * float64(e.foreign) / reported)
+			} else if e.streams > 0 {
+				s.foreignKV = e.kv / int64(e.streams) * int64(e.foreign)
+			}
 		}
 	case e.prof.Prefill != nil:
-		s.last.ForeignPrefillS = float64(n) * e.prefillSeconds(int(r.meanPrompt(s, t)))
+		// Bounded by the longest wait the waiting set allows: a reading that says more is
+		// counted as that much, and the next reading replaces it.
+		s.last.ForeignPrefillS = min(float64(n)*e.prefillSeconds(int(r.meanPrompt(s, t))), r.cfg.WaitingSet.MaxWaitS)
 		s.foreignUntil = t + s.last.ForeignPrefillS
 	}
 	e.drainOK = false

@@ -95,11 +95,11 @@ func (r *Router) Offer(now time.Time, o Offer) Outcome {
 		return Outcome{Handle: h, Status: Dispatched, Placement: r.commit(t, slot, pl)}
 	}
 	r.enqueue(slot, h, tail, tailDur)
-	if only != nil {
+	if o.Subset != nil { // by address: resolved again at each placement attempt (engines come and go)
 		if r.subsets == nil {
-			r.subsets = map[int32]subset{}
+			r.subsets = map[int32][]string{}
 		}
-		r.subsets[slot] = only
+		r.subsets[slot] = o.Subset
 	}
 	return Outcome{Handle: h, Status: Waiting}
 }

@@ -397,8 +397,8 @@ func (r *Router) pump(t float64) {
 			continue
 		}
 		var only subset
-		if len(r.subsets) > 0 {
-			only = r.subsets[slot]
+		if hint, ok := r.subsets[slot]; ok {
+			only = r.subsetOf(hint)
 		}
 		pl, ok := r.plan(t, int(e.prompt), e.prompt+e.output, e.prefix, only)
 		if !ok {

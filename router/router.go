@@ -111,10 +111,11 @@ func (e *engine) stepSeconds(streams int, kv int64) float64 {
 
 func (e *engine) canPrefill() bool { return e.live && e.prof.Prefill != nil }
 
-// fits reports whether one more stream reserving need KV tokens fits the engine.
+// fits reports whether one more stream reserving need KV tokens fits the engine: this router's
+// streams against its capacity. Foreign streams (Observe) raise its step, they do not fill it.
 func (e *engine) fits(need int64) bool {
 	d := e.prof.Decode
-	return d != nil && e.streams+e.foreign+1 <= d.MaxStreams && e.kv+e.obs.foreignKV+need <= int64(d.MaxKVTokens)
+	return d != nil && e.streams+1 <= d.MaxStreams && e.kv+need <= int64(d.MaxKVTokens)
 }
 
 // Router places requests. Create it with New.
@@ -165,8 +166,9 @@ type Router struct {
 
 	passNext int // where PassThrough's next round of the engines starts
 	// subsets holds the subset hint of each waiting request that has one (Offer.Subset), by
-	// slot: the requests without one cost nothing.
-	subsets map[int32]subset
+	// slot, as addresses (an engine index may pass to another engine while it waits): the
+	// requests without one cost nothing.
+	subsets map[int32][]string
 
 	pricing pricing // Price's scratch space
 	outbox  []Outcome

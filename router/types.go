@@ -65,7 +65,7 @@ const (
 	// ran out, or arrived after (a 503 with retry-after).
 	ShuttingDown
 	// SubsetUnavailable: no engine of the request's subset hint (Offer.Subset) is live and able
-	// to be its destination (a 429, as the endpoint picker protocol asks).
+	// to be its destination (a 503, as the endpoint picker protocol asks).
 	SubsetUnavailable
 )
 
@@ -94,9 +94,9 @@ func (c Code) String() string {
 // Status is the HTTP status of a rejection (README).
 func (c Code) Status() int {
 	switch c {
-	case WaitingSetFull, PredictedSLOMiss, FallbackBusy, SubsetUnavailable:
+	case WaitingSetFull, PredictedSLOMiss, FallbackBusy:
 		return 429
-	case NoCapacity, ShuttingDown:
+	case NoCapacity, ShuttingDown, SubsetUnavailable:
 		return 503
 	case WaitTimeout:
 		return 504

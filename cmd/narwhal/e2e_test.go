@@ -697,9 +697,12 @@ func TestGRPCHealthPort(t *testing.T) {
 	hc := healthpb.NewHealthClient(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
-	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-		t.Fatalf("health on %s: %v %v", addr, resp, err)
+	// "" and the names GIE's picker charts probe (liveness and readiness, inference-extension).
+	for _, name := range []string{"", "liveness", "readiness", "inference-extension"} {
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: name})
+		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("health %q on %s: %v %v", name, addr, resp, err)
+		}
 	}
 	watch, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
 	if err != nil {

@@ -256,6 +256,9 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		TLS: s.tls.status()})
 	s.grpcSrv = grpc.NewServer(append(extproc.GRPCServerOptions(cfg), s.tls.creds(s.tls.extproc)...)...)
 	s.health = grpchealth.NewServer() // Envoy's ext_proc cluster health-checks over gRPC
+	// The service names GIE's picker charts probe: liveness answers while the process runs,
+	// readiness and inference-extension as "" (the leader's).
+	s.health.SetServingStatus(healthLiveness, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(s.grpcSrv, s.health)
 	if s.healthLn != nil { // the same status on a port of its own, plaintext (listen.health)
 		s.healthSrv = grpc.NewServer()
@@ -375,7 +378,7 @@ func (s *server) run(ctx context.Context) error {
 	} else {
 		// A standby answers Envoy's health check NOT_SERVING (streams go to the leader) and
 		// /readyz 503, and serves xDS from the leader's state.
-		s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+		setServing(s.health, healthpb.HealthCheckResponse_NOT_SERVING)
 		s.wg.Go(func() { s.rep.Lead(runCtx, f, s.take, s.lead, s.fail) })
 	}
 	p, d := 0, 0 // the roles serving starts with: the config's, or the durable state's
@@ -426,7 +429,7 @@ func (s *server) lead() {
 		})
 	}
 	s.persist.Kick() // the first start writes the config's state at once
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	setServing(s.health, healthpb.HealthCheckResponse_SERVING)
 	s.adm.SetReady(true)
 }
 
@@ -629,6 +632,19 @@ func listenAll(cfg *config.Config) ([]net.Listener, error) {
 		lns = append(lns, ln)
 	}
 	return lns, nil
+}
+
+// The gRPC health service names besides "": GIE's picker charts probe liveness and readiness
+// (with leader election) or inference-extension.
+const healthLiveness = "liveness"
+
+var healthReadiness = []string{"", "readiness", "inference-extension"}
+
+// setServing sets the leader's status: every name but liveness.
+func setServing(h *grpchealth.Server, st healthpb.HealthCheckResponse_ServingStatus) {
+	for _, name := range healthReadiness {
+		h.SetServingStatus(name, st)
+	}
 }
 
 // addrOf is a listener's address, "" for none.
