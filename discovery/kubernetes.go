@@ -416,16 +416,9 @@ func (k *Kubernetes) reconcile(lister interface {
 // followRoles queues a label write for every role change the controller makes to an engine
 // of Kubernetes (an operator's relabel is the label already).
 func (k *Kubernetes) followRoles() (stop func()) {
-	var stopped sync.Once
-	done := make(chan struct{})
-	k.Fleet.OnChange(func(ev fleet.Event) {
+	return k.Fleet.OnChange(func(ev fleet.Event) {
 		if ev.Kind != fleet.EventRole || fleet.IsOperatorCause(ev.Cause) {
 			return
-		}
-		select {
-		case <-done:
-			return
-		default:
 		}
 		select {
 		case k.writes <- roleWrite{engine: ev.Engine, role: ev.To}:
@@ -433,7 +426,6 @@ func (k *Kubernetes) followRoles() (stop func()) {
 			k.Log.Warn("discovery.kubernetes: role label writes backed up; this one is dropped (the next resync corrects nothing: write it by hand)", "engine", ev.Engine, "role", ev.To)
 		}
 	})
-	return func() { stopped.Do(func() { close(done) }) }
 }
 
 // writeLabels patches each queued role onto its pod, retrying with backoff (up to a minute).

@@ -70,7 +70,19 @@ type Fleet struct {
 	engines []Engine
 	index   map[string]int
 	subs    map[chan struct{}]struct{}
-	observe []func(Event)
+	// observers see every event (OnChange); the slice is replaced, never changed in place, so
+	// that a delivery may range over the one it took.
+	observers []observer
+	nextObs   uint64
+	// pending are the events committed and not yet delivered, in commit order. Events are
+	// delivered after the lock is released (deliver), one delivery at a time.
+	pending   []Event
+	deliverMu sync.Mutex
+}
+
+type observer struct {
+	id uint64
+	fn func(Event)
 }
 
 // New builds the fleet of a validated config: every engine active in its configured role
@@ -129,13 +141,43 @@ func (f *Fleet) Engine(id string) (Engine, bool) {
 	return f.engines[i], true
 }
 
-// OnChange calls fn with every later change, in the order changes apply, while the fleet's
-// lock is held: fn must be quick and must not call back into the fleet (log it, count it,
-// queue it).
-func (f *Fleet) OnChange(fn func(Event)) {
+// OnChange calls fn with every later change, in the order changes apply, after the fleet's lock
+// is released: a slow fn delays the change's caller (a change returns once its events are
+// delivered) and the next changes' delivery, never a reader of the fleet nor a change being
+// made. fn may read the fleet; it must not change it. The returned func stops the calls.
+func (f *Fleet) OnChange(fn func(Event)) (stop func()) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.observe = append(f.observe, fn)
+	f.nextObs++
+	id := f.nextObs
+	f.observers = append(slices.Clip(f.observers), observer{id, fn})
+	return func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.observers = slices.DeleteFunc(slices.Clone(f.observers), func(o observer) bool { return o.id == id })
+	}
+}
+
+// deliver hands the pending events to the observers, in commit order, outside the fleet's lock.
+// One delivery runs at a time: a change's caller returns once its events are delivered, by
+// itself or by the delivery that held the turn.
+func (f *Fleet) deliver() {
+	f.deliverMu.Lock()
+	defer f.deliverMu.Unlock()
+	for {
+		f.mu.Lock()
+		evs, obs := f.pending, f.observers
+		f.pending = nil
+		f.mu.Unlock()
+		if len(evs) == 0 {
+			return
+		}
+		for _, ev := range evs {
+			for _, o := range obs {
+				o.fn(ev)
+			}
+		}
+	}
 }
 
 // Subscribe returns a channel that receives a value after every change (coalesced: a slow
@@ -445,6 +487,7 @@ func (f *Fleet) Add(ce config.Engine, source string, now time.Time) (Engine, err
 		}
 		role = r
 	}
+	defer f.deliver()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, dup := f.index[ce.ID]; dup {
@@ -470,6 +513,7 @@ func (f *Fleet) Add(ce config.Engine, source string, now time.Time) (Engine, err
 // finish where they are: the router keeps them, Envoy holds their connections). cause says
 // who asked.
 func (f *Fleet) Remove(id string, now time.Time, cause string) (Engine, error) {
+	defer f.deliver()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	i, ok := f.index[id]
@@ -514,6 +558,7 @@ func setLifecycle(e *Engine, to Lifecycle, now time.Time, cause string) (Event, 
 // update applies fn to a copy of one engine and commits it as one new version, only when fn
 // succeeds and changed something.
 func (f *Fleet) update(id string, fn func(*Engine) ([]Event, error)) (Engine, error) {
+	defer f.deliver()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	i, ok := f.index[id]
@@ -530,15 +575,15 @@ func (f *Fleet) update(id string, fn func(*Engine) ([]Event, error)) (Engine, er
 	return e, nil
 }
 
-// commit makes one new version of the changes evs describe (already applied), tells the
-// observers and wakes the subscribers; f.mu is held.
+// commit makes one new version of the changes evs describe (already applied), queues them for
+// the observers (deliver, once the lock is released) and wakes the subscribers; f.mu is held.
 func (f *Fleet) commit(evs ...Event) {
 	f.version++
 	for j := range evs {
 		evs[j].Version = f.version
-		for _, fn := range f.observe {
-			fn(evs[j])
-		}
+	}
+	if len(f.observers) > 0 {
+		f.pending = append(f.pending, evs...)
 	}
 	f.notify()
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/narwhal-llm/narwhal/config"
+	"github.com/narwhal-llm/narwhal/internal/poll"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -567,5 +568,59 @@ func TestOneRole(t *testing.T) {
 	e, err := f.Add(config.Engine{ID: "s1", Address: "10.0.0.9:8000", Profile: config.DefaultProfileName, Roles: []string{config.RoleDecode}}, "admin", t1)
 	if err != nil || e.Role != Decode || e.RoleOpen || !e.Fixed {
 		t.Fatalf("added: %+v %v", e, err)
+	}
+}
+
+// Events reach the observers after the fleet's lock is released (House III: a slow observer —
+// serve's writes the decision log's line — held the write lock, and every reader and change with
+// it). An observer that blocks holds up the delivery and the caller of the change it is
+// delivering, not the fleet: readers read, subscribers wake, other changes are made (their
+// events wait their turn, in order); an observer stopped sees no more.
+func TestObserversRunOutsideTheLock(t *testing.T) {
+	f := mixedFleet(t)
+	entered, release := make(chan Event, 4), make(chan struct{})
+	var seen []string
+	var mu sync.Mutex
+	stop := f.OnChange(func(ev Event) {
+		entered <- ev
+		<-release
+		mu.Lock()
+		seen = append(seen, ev.Engine+" "+ev.To)
+		mu.Unlock()
+	})
+	wake, cancel := f.Subscribe()
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { _, err := f.SetLifecycle("e1", Failed, t0.Add(time.Second), "test"); done <- err }()
+	<-entered // the observer is blocked in the first delivery
+	if e, _ := f.Engine("e1"); e.Lifecycle != Failed {
+		t.Fatalf("a reader sees e1 %v while the observer blocks", e.Lifecycle)
+	}
+	<-wake // subscribers were woken by the change itself
+	second := make(chan error, 1)
+	go func() { _, err := f.Drain("e2", t0.Add(time.Second), "test"); second <- err }()
+	poll.Until(t, 5*time.Second, "the second change made while the first is being delivered", func() bool {
+		e, _ := f.Engine("e2")
+		return e.Lifecycle == Draining
+	})
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	got := slices.Clone(seen)
+	mu.Unlock()
+	if want := []string{"e1 failed", "e2 draining", "e2 "}; !slices.Equal(got, want) { // the drain: lifecycle, then hold
+		t.Fatalf("delivered %v, want %v in order", got, want)
+	}
+	stop()
+	if _, err := f.Undrain("e2", t0.Add(2*time.Second), "test"); err != nil {
+		t.Fatal(err)
+	}
+	if len(entered) != 2 { // e2's two, not read above; none after the stop
+		t.Fatalf("an observer stopped was called again (%d deliveries unread, want 2)", len(entered))
 	}
 }
