@@ -5,11 +5,14 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/narwhal-llm/narwhal/config"
 )
 
 // pki is a CA with a server pair and a client pair written in a directory.
@@ -346,5 +349,49 @@ func TestAEADSuitesOnly(t *testing.T) {
 	}
 	if err := dial(nil, tls.VersionTLS13); err != nil {
 		t.Errorf("TLS 1.3: %v", err)
+	}
+}
+
+// Listeners serves TLS on the listeners whose config names a certificate, and says so: the start
+// line's summary, /narwhal/state's status (nil with every listener plaintext), gRPC credentials
+// for a TLS listener and none for a plaintext one.
+func TestListeners(t *testing.T) {
+	plain, err := NewListeners(config.TLS{}, slog.New(slog.DiscardHandler))
+	if err != nil || plain.Summary() != "extproc:plaintext,xds:plaintext,admin:plaintext" || plain.StatusFunc() != nil || GRPCCreds(plain.ExtProc) != nil {
+		t.Fatalf("plaintext: %+v %v", plain, err)
+	}
+	dir := t.TempDir()
+	ca, err := NewCA("test", time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key, err := ca.Issue(Leaf{Name: "narwhal", Hosts: []string{"localhost"}, Server: true, NotBefore: time.Now().Add(-time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile, caFile := filepath.Join(dir, "n.crt"), filepath.Join(dir, "n.key"), filepath.Join(dir, "ca.crt")
+	for f, b := range map[string][]byte{certFile: cert, keyFile: key, caFile: ca.PEM()} {
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := NewListeners(config.TLS{
+		ExtProc: config.ListenerTLS{CertFile: certFile, KeyFile: keyFile, ClientCAFile: caFile},
+		Admin:   config.ListenerTLS{CertFile: certFile, KeyFile: keyFile},
+	}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Summary(); got != "extproc:mtls,xds:plaintext,admin:tls" {
+		t.Errorf("summary %q", got)
+	}
+	if st := l.StatusFunc()(); len(st) != 2 || !st["extproc"].Mutual || st["admin"].Mutual {
+		t.Errorf("status %+v", st)
+	}
+	if len(GRPCCreds(l.ExtProc)) != 1 || GRPCCreds(l.XDS) != nil {
+		t.Error("gRPC credentials: one for a TLS listener, none for a plaintext one")
+	}
+	if _, err := NewListeners(config.TLS{XDS: config.ListenerTLS{CertFile: filepath.Join(dir, "none.crt"), KeyFile: keyFile}}, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "tls.xds") {
+		t.Errorf("a certificate that does not load: %v", err)
 	}
 }

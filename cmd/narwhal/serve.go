@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -19,7 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -114,7 +112,7 @@ type server struct {
 	ext      *extproc.Server
 	adm      *admin.Server
 	adminSrv *http.Server
-	tls      *listenerTLS
+	tls      *tlsfiles.Listeners
 	monitor  *controller.Monitor
 	switcher *controller.Switcher
 	// engineMetrics reads the engines' own metrics into the router (health.metrics).
@@ -137,7 +135,7 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	}
 	cfg.Admin.Token = token // the admin server compares with it
 	s := &server{cfg: cfg, log: log, errc: make(chan error, 1)}
-	if s.tls, err = newListenerTLS(cfg, log); err != nil {
+	if s.tls, err = tlsfiles.NewListeners(cfg.TLS, log); err != nil {
 		return nil, failureErr(err)
 	}
 	lns, err := listenAll(cfg)
@@ -234,9 +232,9 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	s.runCtx, s.cancel = context.WithCancel(ctx) // the servers' and loops' life; ended after the drain at the latest
 	s.xds = envoy.NewServer(s.runCtx, cfg.XDS.ClusterPrefix, f, log, reg)
 	s.xds.Restrict(cfg.XDS.Nodes, cfg.XDS.Identities)
-	s.xdsSrv = grpc.NewServer(append(envoy.ServerOptions(), s.tls.creds(s.tls.xds)...)...)
+	s.xdsSrv = grpc.NewServer(append(envoy.ServerOptions(), tlsfiles.GRPCCreds(s.tls.XDS)...)...)
 	s.xds.Register(s.xdsSrv)
-	s.tls.register(reg)
+	s.tls.Register(reg)
 	var haState func() admin.HAState
 	if rep != nil {
 		haState = rep.State
@@ -253,8 +251,8 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	}
 	s.adm = admin.New(admin.Options{Config: cfg, Fleet: f, Gatherer: reg, Registerer: reg, Now: time.Now, Start: start, Logger: log,
 		Router: s.live, Sizing: sizer.Errors, XDS: s.xds, Controller: s.roles, HA: haState, History: s.rec.Ring, Discovery: s.discoveryState(),
-		TLS: s.tls.status()})
-	s.grpcSrv = grpc.NewServer(append(extproc.GRPCServerOptions(cfg), s.tls.creds(s.tls.extproc)...)...)
+		TLS: s.tls.StatusFunc()})
+	s.grpcSrv = grpc.NewServer(append(extproc.GRPCServerOptions(cfg), tlsfiles.GRPCCreds(s.tls.ExtProc)...)...)
 	s.health = grpchealth.NewServer() // Envoy's ext_proc cluster health-checks over gRPC
 	// The service names GIE's picker charts probe: liveness answers while the process runs,
 	// readiness and inference-extension as "" (the leader's).
@@ -268,8 +266,8 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		Metrics: extproc.NewMetrics(reg), Logger: log, StreamLimit: extproc.StreamLimit(cfg, f.Snapshot().Engines)})
 	s.ext.Register(s.grpcSrv)
 	s.adminSrv = admin.DefaultLimits.HTTPServer(s.adm, slog.NewLogLogger(log.Handler(), slog.LevelWarn))
-	if s.tls.admin != nil {
-		s.adminSrv.TLSConfig = s.tls.admin.Config()
+	if s.tls.Admin != nil {
+		s.adminSrv.TLSConfig = s.tls.Admin.Config()
 	}
 	prober := &engineclient.HTTPProber{
 		Client:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: 30 * time.Second}},
@@ -343,7 +341,7 @@ func (s *server) run(ctx context.Context) error {
 	engineclient.ResolveFleet(ctx, f, config.Seconds(cfg.Health.TimeoutS), log) // placements carry IP:port from the first request on
 	s.wg.Go(func() {
 		serveAdmin := s.adminSrv.Serve
-		if s.tls.admin != nil {
+		if s.tls.Admin != nil {
 			serveAdmin = func(ln net.Listener) error { return s.adminSrv.ServeTLS(ln, "", "") }
 		}
 		if err := serveAdmin(s.adminLn); !errors.Is(err, http.ErrServerClosed) {
@@ -393,7 +391,7 @@ func (s *server) run(ctx context.Context) error {
 	log.Info("narwhal serving", "version", version, "admin", s.adminLn.Addr().String(),
 		"extproc", s.extprocLn.Addr().String(), "xds", s.xdsLn.Addr().String(), "health", addrOf(s.healthLn), "engines", len(snap.Engines), "prefill", p, "decode", d,
 		"discovery_file", cfg.Discovery.File.Path, "discovery_kubernetes", cfg.Discovery.Kubernetes.Namespace,
-		"tls", s.tls.summary(), "state_dir", stateDirOf(cfg, s.rep))
+		"tls", s.tls.Summary(), "state_dir", stateDirOf(cfg, s.rep))
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down", "grace_s", cfg.ShutdownGraceS)
@@ -523,92 +521,6 @@ func stateDirOf(cfg *config.Config, rep *ha.Replica) string {
 		return rep.Where()
 	}
 	return cfg.State.Dir
-}
-
-// listenerTLS is the TLS of each listener that serves it (docs/security.md); nil for plaintext.
-type listenerTLS struct {
-	extproc, xds, admin *tlsfiles.Server
-}
-
-// newListenerTLS reads the certificate files of every listener with tls.*.cert_file: a file that
-// does not load stops serve before anything listens.
-func newListenerTLS(cfg *config.Config, log *slog.Logger) (*listenerTLS, error) {
-	t := &listenerTLS{}
-	for _, l := range []struct {
-		key  string
-		conf config.ListenerTLS
-		srv  **tlsfiles.Server
-	}{{"tls.extproc", cfg.TLS.ExtProc, &t.extproc}, {"tls.xds", cfg.TLS.XDS, &t.xds}, {"tls.admin", cfg.TLS.Admin, &t.admin}} {
-		if !l.conf.Enabled() {
-			continue
-		}
-		s, err := tlsfiles.NewServer(l.key, tlsfiles.Files{CertFile: l.conf.CertFile, KeyFile: l.conf.KeyFile, ClientCAFile: l.conf.ClientCAFile}, log)
-		if err != nil {
-			return nil, err
-		}
-		*l.srv = s
-	}
-	return t, nil
-}
-
-// all are the three listeners by name, nil for plaintext.
-func (t *listenerTLS) all() []struct {
-	name string
-	s    *tlsfiles.Server
-} {
-	return []struct {
-		name string
-		s    *tlsfiles.Server
-	}{{"extproc", t.extproc}, {"xds", t.xds}, {"admin", t.admin}}
-}
-
-// each calls f for every listener that serves TLS.
-func (t *listenerTLS) each(f func(name string, s *tlsfiles.Server)) {
-	for _, l := range t.all() {
-		if l.s != nil {
-			f(l.name, l.s)
-		}
-	}
-}
-
-// creds are the gRPC server options of a listener: TLS credentials, or none for plaintext.
-func (t *listenerTLS) creds(s *tlsfiles.Server) []grpc.ServerOption {
-	if s == nil {
-		return nil
-	}
-	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(s.Config()))}
-}
-
-func (t *listenerTLS) register(reg prometheus.Registerer) {
-	t.each(func(_ string, s *tlsfiles.Server) { s.Register(reg) })
-}
-
-// status is /narwhal/state's tls: nil when every listener is plaintext.
-func (t *listenerTLS) status() func() map[string]tlsfiles.Status {
-	if *t == (listenerTLS{}) {
-		return nil
-	}
-	return func() map[string]tlsfiles.Status {
-		m := map[string]tlsfiles.Status{}
-		t.each(func(name string, s *tlsfiles.Server) { m[name] = s.Status() })
-		return m
-	}
-}
-
-// summary is the start line's tls: each listener plaintext, tls or mtls (extproc:tls,xds:tls,admin:plaintext).
-func (t *listenerTLS) summary() string {
-	var parts []string
-	for _, l := range t.all() {
-		mode := "plaintext"
-		if l.s != nil {
-			mode = "tls"
-			if l.s.Status().Mutual {
-				mode = "mtls"
-			}
-		}
-		parts = append(parts, l.name+":"+mode)
-	}
-	return strings.Join(parts, ",")
 }
 
 // listenAll opens every listener the config names before anything runs: admin, ext_proc, xDS,
