@@ -200,17 +200,11 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 	metrics := admin.NewMetrics(reg, f, version)
 	triggers := controller.NewTriggers() // the router's urgent triggers, for the role controller
 	rt := router.New(cfg, f.Snapshot(), start)
-	if saved != nil {
-		rt.RestoreCorrections(saved.Corrections())
-	}
 	s.live = router.NewLive(rt, time.Now, router.Hooks{
 		Eject:   func(e router.Ejection) { eject(f, e, log) },
 		Trigger: triggers.Put,
 	})
 	ctl := controller.New(cfg, start)
-	if saved != nil {
-		ctl.Restore(saved.Controller)
-	}
 	save := func(st *state.File) error { return state.Save(cfg.State.StateDir(), st) }
 	if rep != nil {
 		save = rep.Save
@@ -227,6 +221,7 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		Fleet: f, Router: s.live, Logger: log, Observer: controller.Observers{admin.NewControllerMetrics(reg), s.persist, s.rec}, Log: s.dlog,
 		Persist: persistDecision, Triggers: triggers,
 	})
+	s.restore(saved) // the fleet's part is restored already (loadState), before the router saw it
 	f.OnChange(func(fleet.Event) { s.persist.Kick() })
 	admin.RegisterRouter(reg, s.live)
 	s.runCtx, s.cancel = context.WithCancel(ctx) // the servers' and loops' life; ended after the drain at the latest
@@ -439,6 +434,16 @@ func (s *server) take(file *state.File) {
 	}
 	if err := file.Apply(s.cfg, s.f, s.rep.Where(), s.log); err != nil {
 		s.log.Error("ha: the state does not restore", "err", err)
+		return
+	}
+	s.restore(file)
+}
+
+// restore puts back what a durable state holds beside the fleet's part (file.Apply): the router's
+// profile corrections and the controller's guards. A single instance does it at its start, a
+// replica when it takes over (take); nil restores nothing.
+func (s *server) restore(file *state.File) {
+	if file == nil {
 		return
 	}
 	s.live.Do(func(_ time.Time, r *router.Router) { r.RestoreCorrections(file.Corrections()) })
