@@ -54,7 +54,7 @@ func (m *ControllerMetrics) ObserveDecision(d *decisionlog.Decision, took time.D
 	m.evaluations.WithLabelValues(string(d.Caller), string(d.Outcome)).Inc()
 	m.seconds.Observe(took.Seconds())
 	for _, mv := range d.Moves {
-		m.moves.WithLabelValues(mv.From, mv.To, string(d.Caller)).Inc()
+		m.moves.WithLabelValues(mv.From.String(), mv.To.String(), string(d.Caller)).Inc()
 	}
 	for _, g := range d.Gates {
 		if !g.Passed {

@@ -406,7 +406,7 @@ func (a *auditor) decision() {
 	}
 	toDecode, toPrefill := 0, 0
 	for _, m := range rec.Moves {
-		if m.To == "decode" {
+		if m.To == fleet.Decode {
 			toDecode++
 		} else {
 			toPrefill++
@@ -454,7 +454,7 @@ func (a *auditor) pair() {
 		found := false
 		if d != nil {
 			for _, m := range d.Moves {
-				found = found || m.Engine == ev.engine && m.From == ev.from && m.To == ev.to
+				found = found || m.Engine == ev.engine && m.From.String() == ev.from && m.To.String() == ev.to
 			}
 		}
 		if !found {

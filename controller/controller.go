@@ -660,9 +660,9 @@ func (c *Controller) decide(s *state, d decisionlog.Decision, cand *candidate) d
 		return c.advise(d, &failed[0])
 	}
 	d.Switch = switchMethod(cand.donor)
-	from, to := cand.donor.Role.String(), fleet.Prefill.String()
+	from, to := cand.donor.Role, fleet.Prefill
 	if cand.dir == ToDecode {
-		to = fleet.Decode.String()
+		to = fleet.Decode
 	}
 	d.SplitAfter = decisionlog.Split{Prefill: len(cand.split.Prefill), Decode: len(cand.split.Decode)}
 	if c.cfg.Advisory {
@@ -1039,7 +1039,7 @@ func (c *Controller) repair(s *state, dir string, n int) decisionlog.Decision {
 		if dir == ToPrefill {
 			to = fleet.Prefill
 		}
-		d.Moves = append(d.Moves, decisionlog.Move{Engine: e.ID, From: e.Role.String(), To: to.String()})
+		d.Moves = append(d.Moves, decisionlog.Move{Engine: e.ID, From: e.Role, To: to})
 	}
 	return d
 }
@@ -1163,7 +1163,7 @@ func (c *Controller) readmit(s *state, e fleet.Engine) decisionlog.Decision {
 		return d
 	}
 	d.Outcome, d.Switch = decisionlog.OutcomeMoved, switchMethod(e)
-	d.Moves = []decisionlog.Move{{Engine: e.ID, From: e.Role.String(), To: want.String()}}
+	d.Moves = []decisionlog.Move{{Engine: e.ID, From: e.Role, To: want}}
 	return d
 }
 

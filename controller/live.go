@@ -317,11 +317,7 @@ func ApplyDecision(f *fleet.Fleet, p Preparer, d *decisionlog.Decision, now time
 	}
 	kept := d.Moves[:0]
 	for _, m := range d.Moves {
-		role, err := fleet.ParseRole(m.To)
-		if err == nil {
-			_, err = f.Move(m.Engine, role, now, d.Seq)
-		}
-		if err != nil {
+		if _, err := f.Move(m.Engine, m.To, now, d.Seq); err != nil {
 			if log != nil {
 				log.Warn("role move refused", "decision", d.Seq, "engine", m.Engine, "err", err)
 			}
@@ -333,7 +329,7 @@ func ApplyDecision(f *fleet.Fleet, p Preparer, d *decisionlog.Decision, now time
 	if len(kept) < len(d.Moves) && d.Outcome == decisionlog.OutcomeMoved {
 		p, q := d.SplitBefore.Prefill, d.SplitBefore.Decode
 		for _, m := range kept {
-			if m.To == fleet.Prefill.String() {
+			if m.To == fleet.Prefill {
 				p, q = p+1, q-1
 			} else {
 				p, q = p-1, q+1

@@ -210,7 +210,7 @@ func TestLiveMoveNotPersistedIsNotApplied(t *testing.T) {
 	if d.Outcome != decisionlog.OutcomeBlocked || len(d.Moves) != 0 || d.SplitAfter != d.SplitBefore || !d.NotPersisted {
 		t.Fatalf("decision %+v", d)
 	}
-	if len(asked) == 0 || asked[0].Engine != "e3" || asked[0].To != "prefill" {
+	if len(asked) == 0 || asked[0].Engine != "e3" || asked[0].To != fleet.Prefill {
 		t.Fatalf("Persist was asked %+v", asked)
 	}
 	if e, _ := fx.f.Engine("e3"); e.Role != fleet.Decode {

@@ -126,8 +126,7 @@ func TestAuditedProperty(t *testing.T) {
 								rt.Fatalf("decision %d moved with gate %s failed: %s", d.Seq, g.Name, g.Detail)
 							}
 						}
-						role, _ := fleet.ParseRole(m.To)
-						if _, err := fl.Move(m.Engine, role, now, d.Seq); err != nil {
+						if _, err := fl.Move(m.Engine, m.To, now, d.Seq); err != nil {
 							rt.Fatalf("decision %d: the fleet refused %v: %v", d.Seq, m, err)
 						}
 					}

@@ -38,7 +38,7 @@ func TestLogReadsBackAsWritten(t *testing.T) {
 		SplitBefore: decisionlog.Split{Prefill: 2, Decode: 2}, SplitAfter: decisionlog.Split{Prefill: 1, Decode: 3},
 		Candidates: []decisionlog.Priced{{Prefill: 1, Decode: 3, TTFTRatio: decisionlog.Ratio(math.Inf(1)), Worst: 0.5}},
 		Gates:      []decisionlog.Gate{{Name: decisionlog.GateDwell, Passed: true, Detail: "d"}},
-		Outcome:    decisionlog.OutcomeMoved, Moves: []decisionlog.Move{{Engine: "e1", From: "prefill", To: "decode"}}}
+		Outcome:    decisionlog.OutcomeMoved, Moves: []decisionlog.Move{{Engine: "e1", From: fleet.Prefill, To: fleet.Decode}}}
 	log.Decision(d)
 	for _, step := range []func() error{
 		func() error { _, err := f.Move("e1", fleet.Decode, at, 3); return err },

@@ -185,9 +185,9 @@ type Gate struct {
 
 // Move is one role change.
 type Move struct {
-	Engine string `json:"engine"`
-	From   string `json:"from"`
-	To     string `json:"to"`
+	Engine string     `json:"engine"`
+	From   fleet.Role `json:"from"`
+	To     fleet.Role `json:"to"`
 }
 
 // Confirmed is the consecutive regular passes each motive held, for the confirmation rules.

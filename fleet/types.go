@@ -29,6 +29,15 @@ func (r Role) String() string {
 // MarshalText writes the role's name (JSON, logs).
 func (r Role) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
 
+// UnmarshalText reads a role as MarshalText writes it (ParseRole).
+func (r *Role) UnmarshalText(b []byte) error {
+	v, err := ParseRole(string(b))
+	if err == nil {
+		*r = v
+	}
+	return err
+}
+
 // ParseRole reads a role's name.
 func ParseRole(s string) (Role, error) {
 	switch s {

@@ -147,12 +147,8 @@ func (r *Replica) PersistDecision(f *fleet.Fleet, loads func() []router.EngineLo
 		now := time.Now()
 		snap := f.Snapshot()
 		for _, m := range d.Moves {
-			role, err := fleet.ParseRole(m.To)
-			if err != nil {
-				return err
-			}
 			// A move the fleet will refuse is not in the state: ApplyDecision records it refused.
-			_ = snap.Move(m.Engine, role, now, d.Seq)
+			_ = snap.Move(m.Engine, m.To, now, d.Seq)
 		}
 		return r.Save(state.Capture(snap, c, loads(), now))
 	}
