@@ -56,7 +56,7 @@ func TestAdvise(t *testing.T) {
 		t.Fatal(err)
 	}
 	if d.Caller != "api" || d.Outcome != "advisory" || d.Reason != "try" || d.SplitAfter != (decisionlog.Split{Prefill: 2, Decode: 1}) ||
-		!strings.HasPrefix(d.AdvisoryResult, "blocked:") && d.AdvisoryResult != "would_move" || len(d.Moves) != 0 || len(d.Gates) == 0 {
+		!strings.HasPrefix(string(d.AdvisoryResult), "blocked:") && d.AdvisoryResult != decisionlog.WouldMove || len(d.Moves) != 0 || len(d.Gates) == 0 {
 		t.Fatalf("%+v", d)
 	}
 	if e, _ := f.Engine("e2"); e.Role != fleet.Decode {

@@ -25,10 +25,10 @@ type View interface {
 
 var _ View = (*router.Router)(nil)
 
-// Directions of a move.
+// Directions of a move (the decision log's).
 const (
-	ToPrefill = "to_prefill" // a decode engine becomes prefill: the split (P+1, D-1)
-	ToDecode  = "to_decode"  // a prefill engine becomes decode: the split (P-1, D+1)
+	ToPrefill = decisionlog.ToPrefill
+	ToDecode  = decisionlog.ToDecode
 )
 
 // Controller is the role controller's deterministic core (docs/role-control.md): regular and
@@ -306,7 +306,7 @@ func withOutputScale(q router.Query, k float64) router.Query { q.OutputScale = k
 
 // candidate is an adjacent split: one engine moved in a direction.
 type candidate struct {
-	dir   string
+	dir   decisionlog.Direction
 	donor fleet.Engine
 	split router.Split
 	price router.Pricing
@@ -378,7 +378,7 @@ func (c *Controller) evaluateRegular(s *state) decisionlog.Decision {
 // drains), and never for a donor that switches in place (its drain is weighed instead) or when
 // advisory. An engine already prepared that still drains stays the one (docs/role-control.md
 // section 7, "A donor held by its residents").
-func (c *Controller) heldDonor(s *state, rp regularPrices, motives []string) (string, float64, bool) {
+func (c *Controller) heldDonor(s *state, rp regularPrices, motives []decisionlog.Direction) (string, float64, bool) {
 	if c.cfg.Advisory || c.conf.PrefillExpand < 1 || !slices.Contains(motives, ToPrefill) {
 		return "", 0, false
 	}
@@ -419,7 +419,7 @@ type regularPrices struct {
 func (c *Controller) priceRegular(s *state) regularPrices {
 	var cands []candidate
 	splits := []router.Split{s.cur}
-	for _, dir := range []string{ToPrefill, ToDecode} {
+	for _, dir := range []decisionlog.Direction{ToPrefill, ToDecode} {
 		if cand, ok := c.adjacent(s, dir); ok {
 			cands = append(cands, cand)
 			splits = append(splits, cand.split)
@@ -476,7 +476,7 @@ func (c *Controller) countMotives(p0 router.Pricing) decisionlog.Confirmed {
 // consolidate for (docs/role-control.md section 5). Without this, a fleet between bursts traded
 // engines for gains of a few milliseconds on ratios far under the SLO, and met the next burst
 // with a lopsided split (narwhal sim --synthetic onoff).
-func (c *Controller) chooseRegular(s *state, d *decisionlog.Decision, rp regularPrices, conf decisionlog.Confirmed) (best *candidate, motives []string) {
+func (c *Controller) chooseRegular(s *state, d *decisionlog.Decision, rp regularPrices, conf decisionlog.Confirmed) (best *candidate, motives []decisionlog.Direction) {
 	th := c.cfg.Thresholds
 	p0, n := rp.current, th.ConfirmPasses
 	consolidate := p0.Worst > th.Shrink
@@ -711,7 +711,7 @@ func (c *Controller) advise(d decisionlog.Decision, failed *decisionlog.Gate) de
 	}
 	switch {
 	case failed != nil:
-		d.AdvisoryResult = decisionlog.WouldBlockedBy + failed.Name
+		d.AdvisoryResult = decisionlog.BlockedBy(failed.Name)
 	case d.Outcome == decisionlog.OutcomeDropped:
 		return d
 	default:
@@ -727,7 +727,7 @@ func (c *Controller) advise(d decisionlog.Decision, failed *decisionlog.Gate) de
 // prefill engine with the least projected prefill work left; ties by id. When no engine is
 // eligible, the best of the others is taken so that the gates say why.
 // The caller prices it.
-func (c *Controller) adjacent(s *state, dir string) (candidate, bool) {
+func (c *Controller) adjacent(s *state, dir decisionlog.Direction) (candidate, bool) {
 	rs := c.ranks(s, dir)
 	if len(rs) == 0 {
 		return candidate{}, false
@@ -755,7 +755,7 @@ func (c *Controller) dwellGate(t float64, e fleet.Engine) decisionlog.Gate {
 	return g
 }
 
-func (c *Controller) hasCurve(e fleet.Engine, dir string) bool {
+func (c *Controller) hasCurve(e fleet.Engine, dir decisionlog.Direction) bool {
 	p := c.profiles[e.Profile]
 	if dir == ToPrefill {
 		return p.Prefill != nil
@@ -979,7 +979,7 @@ func (c *Controller) evaluateMonitor(s *state) (decisionlog.Decision, bool) {
 // repair restores a floor: toward decode one engine a pass (decode-floor repair), toward
 // prefill as many as the floor needs in one move (prefill-floor restoration). Pins, health and
 // dwell hold; the evidence window, thresholds, cooldown and confirmation do not.
-func (c *Controller) repair(s *state, dir string, n int) decisionlog.Decision {
+func (c *Controller) repair(s *state, dir decisionlog.Direction, n int) decisionlog.Decision {
 	d := c.base(s, decisionlog.CallerRepair)
 	d.Direction = dir
 	floor, pool := "decode", fleet.Prefill
@@ -1048,7 +1048,7 @@ func (c *Controller) repair(s *state, dir string, n int) decisionlog.Decision {
 // (unpinned, past their dwell, with the new role's curve) first; toward prefill the lightest
 // decode engines (fewest streams decoding, then fewest reserved), toward decode the prefill
 // engines with the least projected prefill work; ties by id.
-func (c *Controller) ranked(s *state, dir string) []fleet.Engine {
+func (c *Controller) ranked(s *state, dir decisionlog.Direction) []fleet.Engine {
 	rs := c.ranks(s, dir)
 	slices.SortFunc(rs, cmpRank)
 	pool := make([]fleet.Engine, len(rs))
@@ -1066,7 +1066,7 @@ type rank struct {
 }
 
 // ranks are the live engines that could move in dir, unordered.
-func (c *Controller) ranks(s *state, dir string) []rank {
+func (c *Controller) ranks(s *state, dir decisionlog.Direction) []rank {
 	from := fleet.Decode
 	if dir == ToDecode {
 		from = fleet.Prefill
@@ -1225,8 +1225,8 @@ func (c *Controller) Advise(now time.Time, fl fleet.Snapshot, v View, prefill, d
 		cand.donor = e
 		for _, g := range c.gates(&s, &cand, p0, decisionlog.CallerAPI) {
 			rec.Gates = append(rec.Gates, g)
-			if !g.Passed && !strings.HasPrefix(rec.AdvisoryResult, decisionlog.WouldBlockedBy) {
-				rec.AdvisoryResult = decisionlog.WouldBlockedBy + g.Name
+			if _, blocked := rec.AdvisoryResult.Gate(); !g.Passed && !blocked {
+				rec.AdvisoryResult = decisionlog.BlockedBy(g.Name)
 			}
 		}
 	}
@@ -1253,7 +1253,7 @@ func withoutEngine(s router.Split, id string) router.Split {
 	return out
 }
 
-func moveEngine(s router.Split, id, dir string) router.Split {
+func moveEngine(s router.Split, id string, dir decisionlog.Direction) router.Split {
 	out := withoutEngine(s, id)
 	if dir == ToPrefill {
 		out.Prefill = append(out.Prefill, id)

@@ -7,6 +7,7 @@ package decisionlog
 import (
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
@@ -57,12 +58,33 @@ const (
 // Outcomes lists every outcome.
 var Outcomes = []Outcome{OutcomeMoved, OutcomeRetained, OutcomeBlocked, OutcomeDropped, OutcomeAdvisory}
 
-// Advisory results: what an advisory evaluation would have done (a blocked one is
-// "blocked:" and the gate's name).
+// AdvisoryResult is what an advisory evaluation would have done: WouldMove, WouldRetain, or
+// blocked by a gate (BlockedBy: "blocked:" and the gate's name in the log).
+type AdvisoryResult string
+
+// Advisory results.
 const (
-	WouldMove      = "would_move"
-	WouldRetain    = "retained"
-	WouldBlockedBy = "blocked:"
+	WouldMove   AdvisoryResult = "would_move"
+	WouldRetain AdvisoryResult = "retained"
+)
+
+const blockedPrefix = "blocked:"
+
+// BlockedBy is the advisory result of a move the gate named blocks.
+func BlockedBy(gate string) AdvisoryResult { return AdvisoryResult(blockedPrefix + gate) }
+
+// Gate is the gate that blocked the move, for a result BlockedBy made (ok false otherwise).
+func (a AdvisoryResult) Gate() (gate string, ok bool) {
+	return strings.CutPrefix(string(a), blockedPrefix)
+}
+
+// Direction is the way a considered move goes.
+type Direction string
+
+// Directions of a move.
+const (
+	ToPrefill Direction = "to_prefill" // a decode engine becomes prefill: the split (P+1, D-1)
+	ToDecode  Direction = "to_decode"  // a prefill engine becomes decode: the split (P-1, D+1)
 )
 
 // Gate names, as the decision log writes them.
@@ -90,22 +112,22 @@ var Gates = []string{GatePins, GateRoleFloors, GateHealthExclusions, GateDwell, 
 // Decision is one evaluation's record (the decision log's "decision" line): enough for a
 // reader to re-check it without the code.
 type Decision struct {
-	Kind           Kind     `json:"kind"` // always KindDecision
-	TimeS          float64  `json:"time_s"`
-	Seq            uint64   `json:"seq"` // from 1
-	Caller         Caller   `json:"caller"`
-	Reason         string   `json:"reason"`
-	Advisory       bool     `json:"advisory"`
-	SplitBefore    Split    `json:"split_before"`
-	SplitAfter     Split    `json:"split_after"`
-	Inputs         Inputs   `json:"inputs"`
-	Candidates     []Priced `json:"candidates"`
-	Gates          []Gate   `json:"gates"`
-	Outcome        Outcome  `json:"outcome"`
-	AdvisoryResult string   `json:"advisory_result,omitempty"`
-	Moves          []Move   `json:"moves"`
-	Direction      string   `json:"direction,omitempty"` // to_prefill or to_decode, when a move was considered
-	Switch         string   `json:"switch,omitempty"`    // how the moved engine changes role: routing
+	Kind           Kind           `json:"kind"` // always KindDecision
+	TimeS          float64        `json:"time_s"`
+	Seq            uint64         `json:"seq"` // from 1
+	Caller         Caller         `json:"caller"`
+	Reason         string         `json:"reason"`
+	Advisory       bool           `json:"advisory"`
+	SplitBefore    Split          `json:"split_before"`
+	SplitAfter     Split          `json:"split_after"`
+	Inputs         Inputs         `json:"inputs"`
+	Candidates     []Priced       `json:"candidates"`
+	Gates          []Gate         `json:"gates"`
+	Outcome        Outcome        `json:"outcome"`
+	AdvisoryResult AdvisoryResult `json:"advisory_result,omitempty"`
+	Moves          []Move         `json:"moves"`
+	Direction      Direction      `json:"direction,omitempty"` // when a move was considered
+	Switch         string         `json:"switch,omitempty"`    // how the moved engine changes role: routing
 	// Prepare is the decode donor held out of new decode placements (while the other decode
 	// engines have room) because flip_resident_guard alone blocked its move to prefill, so that
 	// a later evaluation finds it light enough (docs/role-control.md, "Preparing a donor").
