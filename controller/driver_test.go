@@ -143,11 +143,11 @@ func (d *driver) evaluate(now time.Time, verbose, refuse bool, b *strings.Builde
 			}
 		}
 		if refuse && len(dec.Moves) > 0 {
-			NotApplied(&dec, "refused by the test's edge")
+			dec = Settled(dec, Ack{NotApplied: "refused by the test's edge"})
 			fmt.Fprintf(b, "  refused: %s %s\n", dec.Outcome, dec.Reason[strings.LastIndex(dec.Reason, "; ")+2:])
 		}
 		moves := len(dec.Moves)
-		ApplyDecision(d.Fleet, d.Router, &dec, now, nil) // as Live and the simulator apply it
+		dec = Settled(dec, ApplyDecision(d.Fleet, d.Router, dec, now, nil)) // as Live and the simulator apply it
 		d.c.Applied(dec)
 		if len(dec.Moves) != moves {
 			d.t.Fatalf("the fleet refused a move of decision %d: %s", dec.Seq, dec.Reason)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -195,7 +196,7 @@ func (l *Live) Advise(prefill, decode int, reason string) (decisionlog.Decision,
 	l.router.Do(func(t time.Time, r *router.Router) { now, l.fork = t, r.Fork(l.fork) })
 	d, err = l.c.Advise(now, snap, l.fork, prefill, decode, reason)
 	if err == nil {
-		_ = l.durable(&d) // an advisory decision moves nothing
+		d.NotPersisted = l.durable(d) != nil // an advisory decision moves nothing
 		l.publish(&d, time.Since(begin))
 	}
 	l.mu.Unlock()
@@ -219,9 +220,9 @@ func (l *Live) evaluateDue() {
 			took = time.Since(begin)
 		}
 		if ok { // under l.mu: decisions and their fleet events reach the log in order
-			l.apply(&d, now)
-			l.c.Applied(d)
-			l.publish(&d, took)
+			rec := l.apply(d, now)
+			l.c.Applied(rec)
+			l.publish(&rec, took)
 		}
 		l.mu.Unlock()
 		if !ok {
@@ -251,35 +252,87 @@ func (l *Live) publish(d *decisionlog.Decision, took time.Duration) {
 }
 
 // apply makes a decision's moves in the fleet at the decision's time, once Persist (if any)
-// has made the decision durable; l.mu is held.
-func (l *Live) apply(d *decisionlog.Decision, now time.Time) {
-	if err := l.durable(d); err != nil && len(d.Moves) > 0 {
+// has made the decision durable, and returns the record of what happened (Settled); l.mu is
+// held. The proposal itself is not changed.
+func (l *Live) apply(d decisionlog.Decision, now time.Time) decisionlog.Decision {
+	err := l.durable(d)
+	if err != nil && len(d.Moves) > 0 {
 		l.log.Warn("role move not applied: its state could not be written", "decision", d.Seq, "err", err)
-		NotApplied(d, fmt.Sprintf("the state could not be written (%v)", err))
+		d = Settled(d, Ack{NotApplied: fmt.Sprintf("the state could not be written (%v)", err)})
 	}
-	ApplyDecision(l.fleet, livePreparer{l.router}, d, now, l.log)
+	ack := ApplyDecision(l.fleet, livePreparer{l.router}, d, now, l.log)
+	ack.NotPersisted = err != nil
+	return Settled(d, ack)
 }
 
-// NotApplied records that the edge makes none of d's moves, and why: a moved decision becomes
-// blocked, its split stays where it was. Acknowledged so (Controller.Applied), it leaves the
-// controller's guards as they were.
-func NotApplied(d *decisionlog.Decision, why string) {
-	d.Reason += "; not applied: " + why
-	d.Moves, d.SplitAfter = nil, d.SplitBefore
-	if d.Outcome == decisionlog.OutcomeMoved {
-		d.Outcome = decisionlog.OutcomeBlocked
+// Ack is what the edge did with a proposed decision: the moves the fleet refused, none applied
+// and why, whether the decision's state was persisted. The proposal stays as the controller
+// made it; Settled is the record of what happened, which the log writes and Applied takes.
+type Ack struct {
+	Refused []Refusal // in the proposal's order
+	// NotApplied says why the edge makes none of the moves ("" when it tried them).
+	NotApplied   string
+	NotPersisted bool
+}
+
+// Refusal is a move the fleet refused (an engine an operator pinned in between, say).
+type Refusal struct {
+	Engine string
+	Err    error
+}
+
+// Settled is the record of decision d as ack says it went: a decision none of whose moves is
+// applied becomes blocked, its split stays where it was; a refused move is left out, the reason
+// says why, and the split and outcome say what happened. Acknowledged so (Controller.Applied),
+// a move not made leaves the controller's guards as they were.
+func Settled(d decisionlog.Decision, ack Ack) decisionlog.Decision {
+	d.NotPersisted = d.NotPersisted || ack.NotPersisted
+	if ack.NotApplied != "" {
+		d.Reason += "; not applied: " + ack.NotApplied
+		d.Moves, d.SplitAfter = nil, d.SplitBefore
+		if d.Outcome == decisionlog.OutcomeMoved {
+			d.Outcome = decisionlog.OutcomeBlocked
+		}
+		return d
 	}
+	if len(ack.Refused) == 0 {
+		return d
+	}
+	kept := make([]decisionlog.Move, 0, len(d.Moves))
+	for _, m := range d.Moves {
+		i := slices.IndexFunc(ack.Refused, func(r Refusal) bool { return r.Engine == m.Engine })
+		if i < 0 {
+			kept = append(kept, m)
+			continue
+		}
+		d.Reason += fmt.Sprintf("; the fleet refused moving %s: %v", m.Engine, ack.Refused[i].Err)
+	}
+	if d.Outcome == decisionlog.OutcomeMoved {
+		p, q := d.SplitBefore.Prefill, d.SplitBefore.Decode
+		for _, m := range kept {
+			if m.To == fleet.Prefill {
+				p, q = p+1, q-1
+			} else {
+				p, q = p-1, q+1
+			}
+		}
+		d.SplitAfter = decisionlog.Split{Prefill: p, Decode: q}
+		if len(kept) == 0 {
+			d.Outcome = decisionlog.OutcomeBlocked
+		}
+	}
+	d.Moves = kept
+	return d
 }
 
 // durable hands d to Persist, if any; l.mu is held. A failure is logged: it keeps a decision's
 // moves from being applied, and a decision without moves goes on (the state is written again
 // after the next change).
-func (l *Live) durable(d *decisionlog.Decision) error {
+func (l *Live) durable(d decisionlog.Decision) error {
 	if l.persist == nil {
 		return nil
 	}
-	err := l.persist(d, l.c.DurableAfter(*d))
-	d.NotPersisted = err != nil
+	err := l.persist(&d, l.c.DurableAfter(d))
 	if err != nil && len(d.Moves) == 0 {
 		l.log.Warn("decision not persisted", "decision", d.Seq, "err", err)
 	}
@@ -306,8 +359,8 @@ func (p livePreparer) Prepare(engine string) {
 // and the simulator do. An engine that switches by routing takes its new role at once; one
 // that switches in place (switch: sglang) starts its switch (lifecycle switching; a Switcher
 // ends it). A move the fleet refuses (an engine an operator pinned in between) is logged and
-// left out of the record, whose outcome and split say what happened. log may be nil.
-func ApplyDecision(f *fleet.Fleet, p Preparer, d *decisionlog.Decision, now time.Time, log *slog.Logger) {
+// acknowledged refused (Settled leaves it out of the record). log may be nil.
+func ApplyDecision(f *fleet.Fleet, p Preparer, d decisionlog.Decision, now time.Time, log *slog.Logger) Ack {
 	// A regular pass replaces the preparation (one that prepares nothing ends it); an urgent
 	// evaluation sets it, or ends it with a move, but one that neither prepares nor moves leaves
 	// it alone: it judged only its triggering request, and the urgent wakes between two passes
@@ -315,30 +368,14 @@ func ApplyDecision(f *fleet.Fleet, p Preparer, d *decisionlog.Decision, now time
 	if d.Caller == decisionlog.CallerRegular || d.Caller == decisionlog.CallerUrgent && (d.Prepare != "" || len(d.Moves) > 0) {
 		defer p.Prepare(d.Prepare)
 	}
-	kept := d.Moves[:0]
+	var ack Ack
 	for _, m := range d.Moves {
 		if _, err := f.Move(m.Engine, m.To, now, d.Seq); err != nil {
 			if log != nil {
 				log.Warn("role move refused", "decision", d.Seq, "engine", m.Engine, "err", err)
 			}
-			d.Reason += fmt.Sprintf("; the fleet refused moving %s: %v", m.Engine, err)
-			continue
-		}
-		kept = append(kept, m)
-	}
-	if len(kept) < len(d.Moves) && d.Outcome == decisionlog.OutcomeMoved {
-		p, q := d.SplitBefore.Prefill, d.SplitBefore.Decode
-		for _, m := range kept {
-			if m.To == fleet.Prefill {
-				p, q = p+1, q-1
-			} else {
-				p, q = p-1, q+1
-			}
-		}
-		d.SplitAfter = decisionlog.Split{Prefill: p, Decode: q}
-		if len(kept) == 0 {
-			d.Outcome = decisionlog.OutcomeBlocked
+			ack.Refused = append(ack.Refused, Refusal{m.Engine, err})
 		}
 	}
-	d.Moves = kept
+	return ack
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -225,5 +226,34 @@ func TestLiveMoveNotPersistedIsNotApplied(t *testing.T) {
 		}
 	case <-deadline:
 		t.Fatal("b was not placed")
+	}
+}
+
+// The edge's acknowledgement is its own value (House III): Settled makes the record of what
+// happened — a refused move left out with its reason, the split and outcome as they came out,
+// or none applied — and leaves the proposal as the controller made it.
+func TestSettledLeavesTheProposal(t *testing.T) {
+	prop := decisionlog.Decision{Seq: 4, Outcome: decisionlog.OutcomeMoved, Reason: "repair",
+		SplitBefore: decisionlog.Split{Prefill: 1, Decode: 3}, SplitAfter: decisionlog.Split{Prefill: 3, Decode: 1},
+		Moves: []decisionlog.Move{{Engine: "e3", From: fleet.Decode, To: fleet.Prefill}, {Engine: "e4", From: fleet.Decode, To: fleet.Prefill}}}
+	keep := prop
+	keep.Moves = slices.Clone(prop.Moves)
+
+	rec := Settled(prop, Ack{Refused: []Refusal{{"e3", fleet.ErrTransition}}, NotPersisted: true})
+	if len(rec.Moves) != 1 || rec.Moves[0].Engine != "e4" || rec.SplitAfter != (decisionlog.Split{Prefill: 2, Decode: 2}) ||
+		rec.Outcome != decisionlog.OutcomeMoved || !rec.NotPersisted || rec.Reason != "repair; the fleet refused moving e3: "+fleet.ErrTransition.Error() {
+		t.Fatalf("one refused: %+v", rec)
+	}
+	rec = Settled(prop, Ack{Refused: []Refusal{{"e3", fleet.ErrTransition}, {"e4", fleet.ErrTransition}}})
+	if len(rec.Moves) != 0 || rec.Outcome != decisionlog.OutcomeBlocked || rec.SplitAfter != prop.SplitBefore {
+		t.Fatalf("both refused: %+v", rec)
+	}
+	rec = Settled(prop, Ack{NotApplied: "the state could not be written"})
+	if len(rec.Moves) != 0 || rec.Outcome != decisionlog.OutcomeBlocked || rec.SplitAfter != prop.SplitBefore ||
+		rec.Reason != "repair; not applied: the state could not be written" {
+		t.Fatalf("none applied: %+v", rec)
+	}
+	if prop.Reason != keep.Reason || prop.Outcome != keep.Outcome || prop.SplitAfter != keep.SplitAfter || !slices.Equal(prop.Moves, keep.Moves) {
+		t.Fatalf("the proposal changed: %+v, was %+v", prop, keep)
 	}
 }

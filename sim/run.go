@@ -577,10 +577,10 @@ func (s *run) evaluate() {
 		if !ok {
 			return
 		}
-		controller.ApplyDecision(s.f, s.r, &d, s.now, nil)
-		s.c.Applied(d)
-		s.log.Decision(&d)
-		if len(d.Moves) > 0 {
+		rec := controller.Settled(d, controller.ApplyDecision(s.f, s.r, d, s.now, nil))
+		s.c.Applied(rec)
+		s.log.Decision(&rec)
+		if len(rec.Moves) > 0 {
 			s.syncFleet()
 		}
 	}
