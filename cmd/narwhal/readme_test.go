@@ -238,6 +238,14 @@ func TestReadmeStateExample(t *testing.T) {
 // an earlier one.
 var layerOrder = []string{"vocabulary", "core", "edge", "tool"}
 
+// onlyIn are the boundaries drawn inside the layers: an import that only the packages named
+// may make, among the vocabulary, core and edge packages (tools and tests are free).
+var onlyIn = map[string][]string{
+	// An engine's /metrics is read by engineclient's scanner alone (fuzzed against expfmt in
+	// its tests): no second parser in the running server.
+	"github.com/prometheus/common/expfmt": {},
+}
+
 // The README's package table is the rule: every package of the module is in it, with a layer,
 // and no package imports one of a later layer (its non-test imports, from go list).
 func TestLayers(t *testing.T) {
@@ -276,6 +284,9 @@ func TestLayers(t *testing.T) {
 			continue
 		}
 		for _, imp := range fields[1:] {
+			if allowed, ruled := onlyIn[imp]; ruled && from < slices.Index(layerOrder, "tool") && !slices.Contains(allowed, pkg) {
+				t.Errorf("%s imports %s, which only %v may (onlyIn)", pkg, imp, allowed)
+			}
 			dep, ours := strings.CutPrefix(imp, module)
 			if !ours {
 				continue
