@@ -174,7 +174,9 @@ func (l *Live) Run(ctx context.Context) error {
 		l.takeTriggers()
 		next := l.c.NextDeadline()
 		l.mu.Unlock()
-		timer.Reset(max(time.Until(next), time.Millisecond))
+		var now time.Time // the router's clock, the one every decision is taken on
+		l.router.Do(func(t time.Time, _ *router.Router) { now = t })
+		timer.Reset(max(next.Sub(now), time.Millisecond))
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -189,11 +191,15 @@ func (l *Live) Run(ctx context.Context) error {
 func (l *Live) Advise(prefill, decode int, reason string) (decisionlog.Decision, error) {
 	var d decisionlog.Decision
 	var err error
-	snap := l.fleet.Snapshot()
 	begin := time.Now()
 	l.mu.Lock()
 	var now time.Time
-	l.router.Do(func(t time.Time, r *router.Router) { now, l.fork = t, r.Fork(l.fork) })
+	var snap fleet.Snapshot
+	l.router.Do(func(t time.Time, r *router.Router) { // as evaluateDue: the fleet the router prices
+		now, snap = t, l.fleet.Snapshot()
+		r.SetFleet(t, snap)
+		l.fork = r.Fork(l.fork)
+	})
 	d, err = l.c.Advise(now, snap, l.fork, prefill, decode, reason)
 	if err == nil {
 		d.NotPersisted = l.durable(d) != nil // an advisory decision moves nothing
@@ -209,19 +215,24 @@ func (l *Live) evaluateDue() {
 		var d decisionlog.Decision
 		var ok bool
 		var took time.Duration
-		snap := l.fleet.Snapshot()
 		l.mu.Lock()
 		l.takeTriggers()
 		var now time.Time
-		l.router.Do(func(t time.Time, r *router.Router) { now, l.fork = t, r.Fork(l.fork) })
+		var snap fleet.Snapshot
+		l.router.Do(func(t time.Time, r *router.Router) {
+			// The fleet as the controller sees it is the fleet the router prices: taken and
+			// applied under the router's lock, so that no change comes between them.
+			now, snap = t, l.fleet.Snapshot()
+			r.SetFleet(t, snap)
+			l.fork = r.Fork(l.fork)
+		})
 		if !l.c.NextDeadline().After(now) {
 			begin := time.Now()
 			d, ok = l.c.Tick(now, snap, l.fork)
 			took = time.Since(begin)
 		}
 		if ok { // under l.mu: decisions and their fleet events reach the log in order
-			rec := l.apply(d, now)
-			l.c.Applied(rec)
+			rec := Step(l.c, Edge{Fleet: l.fleet, Prep: livePreparer{l.router}, Persist: l.persist, Log: l.log}, d, now)
 			l.publish(&rec, took)
 		}
 		l.mu.Unlock()
@@ -251,18 +262,38 @@ func (l *Live) publish(d *decisionlog.Decision, took time.Duration) {
 	}
 }
 
-// apply makes a decision's moves in the fleet at the decision's time, once Persist (if any)
-// has made the decision durable, and returns the record of what happened (Settled); l.mu is
-// held. The proposal itself is not changed.
-func (l *Live) apply(d decisionlog.Decision, now time.Time) decisionlog.Decision {
-	err := l.durable(d)
-	if err != nil && len(d.Moves) > 0 {
-		l.log.Warn("role move not applied: its state could not be written", "decision", d.Seq, "err", err)
-		d = Settled(d, Ack{NotApplied: fmt.Sprintf("the state could not be written (%v)", err)})
+// Edge is what taking a decision from proposal to record needs of the process around the
+// controller: the fleet the moves go to, the placement side (a donor prepared), and Persist,
+// which makes the decision durable before any move (nil: nothing to persist, the simulator).
+type Edge struct {
+	Fleet   *fleet.Fleet
+	Prep    Preparer
+	Persist func(d *decisionlog.Decision, c Durable) error
+	Log     *slog.Logger // may be nil
+}
+
+// Step is the one edge step of a proposed decision, for the live wrapper and the simulator
+// alike: persist it, apply its moves to the fleet at now (none when it could not be persisted),
+// acknowledge the record of what happened to c (Applied), and return that record, which the
+// caller logs. The proposal is not changed.
+func Step(c *Controller, e Edge, d decisionlog.Decision, now time.Time) decisionlog.Decision {
+	var err error
+	if e.Persist != nil {
+		err = e.Persist(&d, c.DurableAfter(d))
 	}
-	ack := ApplyDecision(l.fleet, livePreparer{l.router}, d, now, l.log)
+	if err != nil && len(d.Moves) > 0 {
+		if e.Log != nil {
+			e.Log.Warn("role move not applied: its state could not be written", "decision", d.Seq, "err", err)
+		}
+		d = Settled(d, Ack{NotApplied: fmt.Sprintf("the state could not be written (%v)", err)})
+	} else if err != nil && e.Log != nil {
+		e.Log.Warn("decision not persisted", "decision", d.Seq, "err", err)
+	}
+	ack := ApplyDecision(e.Fleet, e.Prep, d, now, e.Log)
 	ack.NotPersisted = err != nil
-	return Settled(d, ack)
+	rec := Settled(d, ack)
+	c.Applied(rec)
+	return rec
 }
 
 // Ack is what the edge did with a proposed decision: the moves the fleet refused, none applied
@@ -325,15 +356,14 @@ func Settled(d decisionlog.Decision, ack Ack) decisionlog.Decision {
 	return d
 }
 
-// durable hands d to Persist, if any; l.mu is held. A failure is logged: it keeps a decision's
-// moves from being applied, and a decision without moves goes on (the state is written again
-// after the next change).
+// durable hands an advisory decision to Persist, if any; l.mu is held (Step does it for the
+// others). A failure is logged: the state is written again after the next change.
 func (l *Live) durable(d decisionlog.Decision) error {
 	if l.persist == nil {
 		return nil
 	}
 	err := l.persist(&d, l.c.DurableAfter(d))
-	if err != nil && len(d.Moves) == 0 {
+	if err != nil {
 		l.log.Warn("decision not persisted", "decision", d.Seq, "err", err)
 	}
 	return err

@@ -577,8 +577,7 @@ func (s *run) evaluate() {
 		if !ok {
 			return
 		}
-		rec := controller.Settled(d, controller.ApplyDecision(s.f, s.r, d, s.now, nil))
-		s.c.Applied(rec)
+		rec := controller.Step(s.c, controller.Edge{Fleet: s.f, Prep: s.r}, d, s.now)
 		s.log.Decision(&rec)
 		if len(rec.Moves) > 0 {
 			s.syncFleet()
