@@ -215,3 +215,31 @@ func BenchmarkSnapshot(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkObserve measures one engine's metrics reading (Observe) with 1,000 requests waiting
+// behind full prefill engines: "steady", a reading that changes nothing the projection sees (the
+// common case, every health.metrics.interval_s for every engine); "foreign", one whose foreign
+// prefill work changes, which recomputes the waiting set's projection.
+func BenchmarkObserve(b *testing.B) {
+	r := benchRouter(b, 64)
+	now := epoch
+	for i := range 1000 {
+		r.Offer(now, Offer{ID: "w", PromptTokens: 4000 + i%7, MaxTokens: 200})
+	}
+	b.Run("steady", func(b *testing.B) {
+		b.ReportAllocs()
+		o := &Observation{Running: 1}
+		for b.Loop() {
+			r.Observe(now, "e0", o)
+		}
+	})
+	b.Run("foreign", func(b *testing.B) {
+		b.ReportAllocs()
+		os := [2]*Observation{{Running: 50}, {Running: 60}}
+		k := 0
+		for b.Loop() {
+			k++
+			r.Observe(now, "e0", os[k%2])
+		}
+	})
+}

@@ -93,12 +93,21 @@ func (r *Router) Observe(now time.Time, id string, o *Observation) (Observed, bo
 	}
 	e := &r.engines[i]
 	s := &e.obs
+	// What the projection sees of the engine before the reading: only a change of it calls for
+	// recomputing the waiting set's projection (foreign prefill work) or trying the head again.
+	wasForeign, wasKV, wasPrefill := e.foreign, s.foreignKV, e.foreignPrefillLeft(t)
+	defer func() {
+		if e.foreignPrefillLeft(t) != wasPrefill {
+			r.reproject(t)
+		}
+		if e.foreign != wasForeign || s.foreignKV != wasKV || e.foreignPrefillLeft(t) != wasPrefill {
+			e.drainOK = false
+			r.pump(t)
+		}
+	}()
 	if o == nil {
 		s.ok, s.last, s.foreignKV, s.foreignUntil, s.unserved = false, Observed{}, 0, 0, false
 		e.foreign = 0
-		e.drainOK = false
-		r.reproject(t)
-		r.pump(t)
 		return Observed{}, true
 	}
 	if o.HasPromptTokens && s.ok && o.Finished > s.finished && o.PromptTokens >= s.prompts {
@@ -151,11 +160,8 @@ func (r *Router) Observe(now time.Time, id string, o *Observation) (Observed, bo
 		s.last.ForeignPrefillS = min(float64(n)*e.prefillSeconds(int(r.meanPrompt(s, t))), r.cfg.WaitingSet.MaxWaitS)
 		s.foreignUntil = t + s.last.ForeignPrefillS
 	}
-	e.drainOK = false
 	s.last.UnservedLegs = r.unservedLegs(e)
 	s.last.NoHandoff = s.unproven >= handoffsUnproven
-	r.reproject(t)
-	r.pump(t)
 	return s.last, true
 }
 
