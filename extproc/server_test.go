@@ -395,15 +395,7 @@ func TestPassThrough(t *testing.T) {
 	gw, hs := envoytest.StartGateway(t, fx.extproc, relaxed(gateway.Mode{}), gateway.WithAllPathsRouted())
 	get := func(method, path string) (int, gateway.Outcome) {
 		t.Helper()
-		req, _ := http.NewRequest(method, hs.URL+path, strings.NewReader(`{"model":"m","input":"hello"}`))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
-		outs := gw.Outcomes()
-		return resp.StatusCode, outs[len(outs)-1]
+		return through(t, gw, hs.URL, method, path, `{"model":"m","input":"hello"}`, nil)
 	}
 	engineOf := func(o gateway.Outcome) string {
 		for id, addr := range fx.addr {
@@ -671,6 +663,24 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label string) fl
 	return 0
 }
 
+// through sends one request through a test's own gateway at url and returns its status and the
+// gateway's outcome of it.
+func through(t *testing.T, gw *gateway.Gateway, url, method, path, body string, hdr map[string]string) (int, gateway.Outcome) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url+path, strings.NewReader(body))
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	outs := gw.Outcomes()
+	return resp.StatusCode, outs[len(outs)-1]
+}
+
 // The Gateway API Inference Extension's subset hint: a gateway forwards, in the filter
 // metadata of its ext_proc requests (envoy.lb.subset_hint), the endpoints the picker must
 // choose among. A placed request's destination and a passed-through request's engine are among
@@ -706,17 +716,7 @@ func TestSubsetHint(t *testing.T) {
 		if body == "" {
 			method = http.MethodGet
 		}
-		req, _ := http.NewRequest(method, hs.URL+path, strings.NewReader(body))
-		req.Header.Set("content-type", "application/json")
-		req.Header.Set("test-subset", subset)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
-		outs := gw.Outcomes()
-		return resp.StatusCode, outs[len(outs)-1]
+		return through(t, gw, hs.URL, method, path, body, map[string]string{"content-type": "application/json", "test-subset": subset})
 	}
 	completion := `{"model":"m","prompt":"hello","max_tokens":3,"stream":true}`
 	for range 3 {

@@ -3,7 +3,6 @@ package kubetest
 import (
 	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -15,14 +14,7 @@ import (
 // $NARWHAL_KUBE_CONTROLLER_MANAGER, else the user cache's (`make kube-controller-manager`
 // builds it from internal/kubeapiserver).
 func ControllerManagerBinary() (string, error) {
-	if p := os.Getenv("NARWHAL_KUBE_CONTROLLER_MANAGER"); p != "" {
-		return p, nil
-	}
-	dir, err := os.UserCacheDir()
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(dir, "narwhal", "kube-controller-manager-"+Version), nil
+	return cached("NARWHAL_KUBE_CONTROLLER_MANAGER", "kube-controller-manager")
 }
 
 // StartControllers runs Kubernetes' Deployment and ReplicaSet controllers against s (as its

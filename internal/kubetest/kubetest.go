@@ -37,15 +37,19 @@ const Version = "v1.37.2"
 
 // Binary is the kube-apiserver the tests run: $NARWHAL_KUBE_APISERVER, else the one `make
 // kube-apiserver` put in the user cache.
-func Binary() (string, error) {
-	if p := os.Getenv("NARWHAL_KUBE_APISERVER"); p != "" {
+func Binary() (string, error) { return cached("NARWHAL_KUBE_APISERVER", "kube-apiserver") }
+
+// cached is a Kubernetes binary the tests run: $env, else name-Version in the user cache, where
+// the Makefile builds it.
+func cached(env, name string) (string, error) {
+	if p := os.Getenv(env); p != "" {
 		return p, nil
 	}
 	dir, err := os.UserCacheDir()
 	if err != nil {
 		return "", err
 	}
-	return filepath.Join(dir, "narwhal", "kube-apiserver-"+Version), nil
+	return filepath.Join(dir, "narwhal", name+"-"+Version), nil
 }
 
 // Server is a running kube-apiserver.
