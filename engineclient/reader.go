@@ -134,12 +134,12 @@ func (m *MetricsReader) read(ctx context.Context, e fleet.Engine) {
 		return
 	}
 	m.reads.WithLabelValues("ok").Inc()
-	m.note(e.ID, func(n *noted) { n.observed = true })
 	got, _ := m.router.Observe(e.ID, &router.Observation{
 		Running: mt.Running, Waiting: mt.Waiting, KVUsage: mt.KVUsage, HasKVUsage: mt.HasKVUsage,
 		Finished: mt.Finished, PromptTokens: mt.PromptTokens, HasPromptTokens: mt.HasPromptTokens,
 	})
 	m.note(e.ID, func(n *noted) {
+		n.observed = true
 		if n.failing {
 			n.failing = false
 			m.log.Info("engine metrics: read again", "engine", e.ID, "dialect", mt.Dialect)
