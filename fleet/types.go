@@ -166,9 +166,10 @@ type Engine struct {
 	// controller gives it the role pricing says is needed when it becomes active (readmission).
 	RoleOpen bool
 	// Unconfirmed: readmitted (Readmit) by probes none of which failed after something other
-	// than the probes — passive health, the data path — failed it: the probes may not reach the
-	// engine itself (a sidecar answering them for it), so its readmission keeps its role.
-	// Cleared by its next lifecycle change; not durable.
+	// than the probes — passive health, the data path — failed it: a short outage, another
+	// engine's failures counted against it, or probes that do not reach the engine itself (a
+	// sidecar answering them for it). Said in /narwhal/state; it moves no role. Cleared by its
+	// next lifecycle change; not durable.
 	Unconfirmed bool
 }
 

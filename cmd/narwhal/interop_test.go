@@ -171,9 +171,8 @@ func TestInteropDeadDecodeEngineBehindItsSidecar(t *testing.T) {
 }
 
 // unconfirmedReadmission: probed on the sidecar's /health, which answers 200 for a dead engine,
-// e3 is failed by the data path when d1 dies, then readmitted by its probes, which never
-// failed: unconfirmed, it keeps its role (decode) whatever the pricing says. (Before, the trial
-// saw it readmitted as prefill, decision 42, on a probe that never saw the engine.)
+// e3 is failed by the data path when d1 dies, then readmitted by probes that never failed, and
+// /narwhal/state says so (unconfirmed): the probe may not reach the engine (engines[].health).
 func unconfirmedReadmission(t *testing.T, f *pdFleet) {
 	srv, _, _ := killUnderLoad(t, writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, f.addresses())), f.decode[0], "e3")
 	admin, _, _ := srv.serving(t)
@@ -194,16 +193,6 @@ func unconfirmedReadmission(t *testing.T, f *pdFleet) {
 		return err == nil && st.Engines[2].Lifecycle == "active" && st.Engines[2].Unconfirmed
 	}) {
 		t.Fatalf("e3 not readmitted unconfirmed: %+v", st.Engines)
-	}
-	if e := st.Engines[2]; e.Role != "decode" {
-		t.Errorf("e3 readmitted as %s", e.Role)
-	}
-	for _, d := range st.Decisions {
-		for _, m := range d.Moves {
-			if m.Engine == "e3" && d.Caller == "readmission" {
-				t.Errorf("a readmission moved e3: %+v", d)
-			}
-		}
 	}
 }
 
