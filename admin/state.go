@@ -99,9 +99,11 @@ type EngineState struct {
 	Source string `json:"source"`
 	// Profile is the engine's profile.
 	Profile string `json:"profile"`
-	// Unconfirmed: readmitted by probes that never failed after the data path failed it (they
-	// may not reach the engine itself); its readmission kept its role.
-	Unconfirmed bool `json:"unconfirmed,omitempty"`
+	// Sight is what the probes that last readmitted the engine are known to see of it:
+	// unconfirmed (the data path failed it and no probe failed until they readmitted it) or
+	// blind (the data path failed it again, still with no failed probe: its readmission kept
+	// its role); absent when confirmed.
+	Sight string `json:"sight,omitempty"`
 	// Observed is what the engine's own metrics said at their latest reading (health.metrics):
 	// absent while they are not read or cannot be.
 	Observed *router.Observed `json:"observed,omitempty"`
@@ -144,7 +146,7 @@ func engineState(e *fleet.Engine) EngineState {
 		RoleSince: rfc3339(e.RoleSince), LifecycleSince: rfc3339(e.LifecycleSince),
 		Correction: router.Correction{Prefill: 1, Decode: 1},
 		Switch:     config.SwitchRouting, SwitchAsked: e.SwitchAsked,
-		Source: e.Source, Profile: e.Profile, Unconfirmed: e.Unconfirmed,
+		Source: e.Source, Profile: e.Profile, Sight: sight(e.Sight),
 	}
 	if e.InPlace {
 		es.Switch = config.SwitchSGLang
@@ -156,4 +158,12 @@ func engineState(e *fleet.Engine) EngineState {
 		es.SwitchTo = e.SwitchTo.String()
 	}
 	return es
+}
+
+// sight is an engine's probe sight as /narwhal/state says it: "" when confirmed.
+func sight(s fleet.Sight) string {
+	if s == fleet.SightConfirmed {
+		return ""
+	}
+	return s.String()
 }

@@ -1109,7 +1109,8 @@ func cmpRank(a, b rank) int {
 // readmit gives an engine that became active again the role whose pool the pricing says needs
 // it more: it changes role only when the split with it in the other role strictly improves on
 // the split with it in its own (lower worst by more than min_gain, as a regular move); on a
-// tie it keeps its role. A pinned engine keeps its role.
+// tie it keeps its role. A pinned engine keeps its role, and so does one readmitted blind
+// (fleet.SightBlind): its role is not moved on the word of probes that do not see it.
 func (c *Controller) readmit(s *state, e fleet.Engine) decisionlog.Decision {
 	d := c.base(s, decisionlog.CallerReadmission)
 	asPrefill, asDecode := moveEngine(s.cur, e.ID, ToPrefill), moveEngine(s.cur, e.ID, ToDecode)
@@ -1124,9 +1125,13 @@ func (c *Controller) readmit(s *state, e fleet.Engine) decisionlog.Decision {
 	case e.Role == fleet.Prefill && lower(pd.Worst, pd.Overload, pp.Worst, pp.Overload, gain):
 		want, dir = fleet.Decode, ToDecode
 	}
-	if want == e.Role {
+	if want == e.Role || e.Sight == fleet.SightBlind {
 		d.Outcome = decisionlog.OutcomeRetained
 		d.Reason = fmt.Sprintf("%s readmitted as %s: worst %.3f as prefill, %.3f as decode", e.ID, e.Role, pp.Worst, pd.Worst)
+		if want != e.Role {
+			d.Reason = fmt.Sprintf("%s readmitted as %s; %s would price lower (worst %.3f as prefill, %.3f as decode), but the data path failed it twice while its probes passed: they do not see the engine (behind a sidecar, set engines[].health), and its role is not moved on their word",
+				e.ID, e.Role, want, pp.Worst, pd.Worst)
+		}
 		return c.advise(d, nil)
 	}
 	after := asPrefill

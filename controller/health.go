@@ -17,12 +17,15 @@ import (
 //     health.healthy_after consecutive successful probes (counted from the undrain);
 //   - a recovering engine whose probe succeeds health.recover_s or more after it began
 //     recovering is readmitted (active); one failed probe while recovering fails it again;
+//     one the data path failed n times with no failed probe since the first recovers n times
+//     as long, up to 5 minutes (recoverFor);
 //   - an engine an operator holds drained keeps draining whatever its probes say;
 //   - streaks count from the engine's last lifecycle change, whoever made it: an engine that
 //     passive health checking marked failed needs health.healthy_after good probes from then;
 //   - an engine failed by someone else (passive health) whose probes then never fail until it
-//     is readmitted is readmitted unconfirmed (fleet.Engine.Unconfirmed): the probes may not
-//     reach the engine itself, and its readmission keeps its role.
+//     is readmitted is readmitted unconfirmed (fleet.SightUnconfirmed); failed so again after
+//     that, still with no failed probe, it is readmitted blind (fleet.SightBlind): the probes
+//     do not see what the data path sees, and its readmission keeps its role.
 //
 // It keeps only the consecutive-result streaks and changes nothing: Observe returns the
 // transition, and the caller applies it to the fleet (Apply does both, as the monitor does).
@@ -35,9 +38,10 @@ type Health struct {
 type streak struct {
 	ok, failed int
 	since      time.Time // the lifecycle change the streak counts from
-	// unseen: the engine was failed by someone other than the probes, and no probe has failed
-	// since (kept across the probes' own changes: recovering, then active).
-	unseen bool
+	// unseen counts the times the engine was failed by someone other than the probes with no
+	// probe failing since the first (kept across the probes' own changes: recovering, then
+	// active).
+	unseen int
 }
 
 // NewHealth returns the health core.
@@ -86,12 +90,16 @@ func (h *Health) Observe(now time.Time, e fleet.Engine, ok bool) fleet.Lifecycle
 		h.streaks[e.ID] = s
 	}
 	if !s.since.Equal(e.LifecycleSince) {
-		*s = streak{since: e.LifecycleSince, unseen: e.Lifecycle == fleet.Failed}
+		unseen := 0
+		if e.Lifecycle == fleet.Failed {
+			unseen = s.unseen + 1
+		}
+		*s = streak{since: e.LifecycleSince, unseen: unseen}
 	}
 	if ok {
 		s.ok, s.failed = s.ok+1, 0
 	} else {
-		s.ok, s.failed, s.unseen = 0, s.failed+1, false
+		s.ok, s.failed, s.unseen = 0, s.failed+1, 0
 	}
 	if e.Held {
 		*s = streak{}
@@ -118,7 +126,7 @@ func Apply(h *Health, f *fleet.Fleet, now time.Time, id string, ok bool) (fleet.
 	case 0:
 		return 0, nil
 	case fleet.Active:
-		_, err = f.Readmit(id, now, "health", h.streaks[id].unseen)
+		_, err = f.Readmit(id, now, "health", h.streaks[id].sight())
 	default:
 		_, err = f.SetLifecycle(id, to, now, "health")
 	}
@@ -126,6 +134,27 @@ func Apply(h *Health, f *fleet.Fleet, now time.Time, id string, ok bool) (fleet.
 		return 0, err
 	}
 	return to, nil
+}
+
+// maxBlindRecover caps the recovery time of an engine its probes do not see (recoverFor): Envoy's
+// default max_ejection_time.
+const maxBlindRecover = 300 * time.Second
+
+// recoverFor is how long the engine must recover before readmission: health.recover_s, times the
+// data path's failures of it with no failed probe since the first, up to maxBlindRecover (never
+// below recover_s), as Envoy's outlier detection lengthens each ejection. An engine its probes do
+// not see is then tried again less and less often, each try costing the requests that eject it.
+func (h *Health) recoverFor(s *streak) time.Duration {
+	d := config.Seconds(h.cfg.RecoverS)
+	if s.unseen < 2 {
+		return d
+	}
+	return max(d, min(d*time.Duration(s.unseen), maxBlindRecover))
+}
+
+// sight is what the probes are known to see of the engine they readmit (fleet.Sight).
+func (s *streak) sight() fleet.Sight {
+	return fleet.Sight(min(s.unseen, int(fleet.SightBlind)))
 }
 
 // next is the lifecycle the engine moves to after its latest probe, or zero.
@@ -146,7 +175,7 @@ func (h *Health) next(e *fleet.Engine, s *streak, now time.Time) fleet.Lifecycle
 		if s.failed > 0 {
 			return fleet.Failed
 		}
-		if now.Sub(e.LifecycleSince) >= config.Seconds(h.cfg.RecoverS) {
+		if now.Sub(e.LifecycleSince) >= h.recoverFor(s) {
 			return fleet.Active
 		}
 	}

@@ -308,19 +308,24 @@ func TestHealthCountsFromPassiveFailure(t *testing.T) {
 }
 
 // An engine the data path failed (passive health) whose probes never fail until it is
-// readmitted is readmitted unconfirmed: the probes may not reach the engine itself (llm-d's P/D
-// sidecar answers /health for a dead engine; issue 33). One failed probe in between confirms
-// them; a failure the probes made themselves is confirmed from the start.
-func TestHealthReadmitsUnconfirmed(t *testing.T) {
+// readmitted is readmitted unconfirmed; failed so a second time, still with no failed probe, it
+// is readmitted blind: the probes do not see what the data path sees (llm-d's P/D sidecar
+// answers /health for a dead engine; issue 33). One failed probe in between confirms them; a
+// failure the probes made themselves is confirmed from the start.
+func TestHealthReadmissionSight(t *testing.T) {
 	for _, c := range []struct {
-		name        string
-		passive     bool
-		badProbe    bool // one failed probe while failed
-		unconfirmed bool
+		name     string
+		failures []string // per outage: "passive", "passive+bad" (a failed probe while failed) or "probes"
+		want     fleet.Sight
 	}{
-		{"passive, probes always good", true, false, true},
-		{"passive, a probe failed since", true, true, false},
-		{"failed by its probes", false, false, false},
+		{"passive, probes always good", []string{"passive"}, fleet.SightUnconfirmed},
+		{"passive twice, probes always good", []string{"passive", "passive"}, fleet.SightBlind},
+		{"passive three times", []string{"passive", "passive", "passive"}, fleet.SightBlind},
+		{"passive, a probe failed since", []string{"passive+bad"}, fleet.SightConfirmed},
+		{"passive twice, a probe failed in the second", []string{"passive", "passive+bad"}, fleet.SightConfirmed},
+		{"passive after a probe failure", []string{"passive+bad", "passive"}, fleet.SightUnconfirmed},
+		{"failed by its probes", []string{"probes"}, fleet.SightConfirmed},
+		{"failed by its probes, then passive", []string{"probes", "passive"}, fleet.SightUnconfirmed},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg, f := testFleet(t)
@@ -335,34 +340,85 @@ func TestHealthReadmitsUnconfirmed(t *testing.T) {
 				}
 				return to
 			}
-			if c.passive {
-				if _, err := f.SetLifecycle("e3", fleet.Failed, now, "passive: 3 upstream failures in a row"); err != nil {
+			for _, how := range c.failures {
+				probe(true) // active, answering
+				if how == "probes" {
+					for probe(false) != fleet.Failed {
+					}
+				} else if _, err := f.Eject("e3", 3, now); err != nil {
 					t.Fatal(err)
 				}
-			} else {
-				for probe(false) != fleet.Failed {
+				if how == "passive+bad" {
+					probe(false)
+				}
+				for probe(true) != fleet.Active {
 				}
 			}
-			if c.badProbe {
-				probe(false)
-			}
-			for probe(true) != fleet.Recovering {
-			}
-			now = now.Add(config.Seconds(cfg.Health.RecoverS))
-			if to := probe(true); to != fleet.Active {
-				t.Fatalf("not readmitted: %v", to)
-			}
 			e, _ := f.Engine("e3")
-			if e.Unconfirmed != c.unconfirmed {
-				t.Fatalf("readmitted unconfirmed=%t, want %t", e.Unconfirmed, c.unconfirmed)
+			if e.Sight != c.want {
+				t.Fatalf("readmitted %v, want %v", e.Sight, c.want)
 			}
 			// The next lifecycle change clears it.
 			if _, err := f.Drain("e3", now, "test"); err != nil {
 				t.Fatal(err)
 			}
-			if e, _ := f.Engine("e3"); e.Unconfirmed {
-				t.Fatal("unconfirmed kept after a drain")
+			if e, _ := f.Engine("e3"); e.Sight != fleet.SightConfirmed {
+				t.Fatalf("%v kept after a drain", e.Sight)
 			}
 		})
+	}
+}
+
+// An engine the data path fails again and again while its probes pass recovers longer each
+// time (health.recover_s times the failures, up to five minutes), as Envoy lengthens an
+// ejection: each readmission of an engine the probes do not see costs the requests that eject
+// it again. A failed probe ends it.
+func TestHealthBlindEngineRecoversLonger(t *testing.T) {
+	cfg, f := testFleet(t)
+	h := NewHealth(cfg.Health)
+	now := t0
+	recover := config.Seconds(cfg.Health.RecoverS)
+	// readmitAfter ejects e3 (passive), probes it good until readmitted, and returns how long it
+	// took from recovering to active.
+	readmitAfter := func(bad bool) time.Duration {
+		t.Helper()
+		now = now.Add(time.Second)
+		if _, err := f.Eject("e3", 3, now); err != nil {
+			t.Fatal(err)
+		}
+		if bad {
+			now = now.Add(time.Second)
+			if _, err := Apply(h, f, now, "e3", false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var since time.Time
+		for {
+			now = now.Add(time.Second)
+			to, err := Apply(h, f, now, "e3", true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch to {
+			case fleet.Recovering:
+				since = now
+			case fleet.Active:
+				return now.Sub(since)
+			}
+		}
+	}
+	for i, want := range []time.Duration{recover, 2 * recover, 3 * recover} {
+		if got := readmitAfter(false); got < want || got > want+time.Second {
+			t.Fatalf("ejection %d: recovered in %v, want %v", i+1, got, want)
+		}
+	}
+	if got := readmitAfter(true); got < recover || got > recover+time.Second {
+		t.Fatalf("after a failed probe: recovered in %v, want %v", got, recover)
+	}
+	for range 100 {
+		readmitAfter(false)
+	}
+	if got := readmitAfter(false); got < maxBlindRecover || got > maxBlindRecover+time.Second {
+		t.Fatalf("after 100 ejections: recovered in %v, want the cap %v", got, maxBlindRecover)
 	}
 }

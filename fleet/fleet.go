@@ -266,15 +266,15 @@ func (f *Fleet) Eject(id string, failures int, now time.Time) (Engine, error) {
 	return f.SetLifecycle(id, Failed, now, fmt.Sprintf("passive: %d upstream failures in a row", failures))
 }
 
-// Readmit makes a recovering engine active on its probes; unconfirmed says none of them failed
-// after the data path failed it (Engine.Unconfirmed).
-func (f *Fleet) Readmit(id string, now time.Time, cause string, unconfirmed bool) (Engine, error) {
+// Readmit makes a recovering engine active on its probes, which see it as sight says
+// (Engine.Sight).
+func (f *Fleet) Readmit(id string, now time.Time, cause string, sight Sight) (Engine, error) {
 	return f.update(id, func(e *Engine) ([]Event, error) {
 		if e.Lifecycle != Recovering {
 			return nil, fmt.Errorf("%w: engine %s: %s -> active is not a readmission", ErrTransition, e.ID, e.Lifecycle)
 		}
 		ev, err := setLifecycle(e, Active, now, cause)
-		e.Unconfirmed = unconfirmed
+		e.Sight = sight
 		return []Event{ev}, err
 	})
 }
@@ -551,7 +551,7 @@ func setLifecycle(e *Engine, to Lifecycle, now time.Time, cause string) (Event, 
 		return Event{}, fmt.Errorf("%w: engine %s: %s -> %s", ErrTransition, e.ID, e.Lifecycle, to)
 	}
 	ev := Event{Time: now, Kind: EventLifecycle, Engine: e.ID, From: e.Lifecycle.String(), To: to.String(), Cause: cause}
-	e.Lifecycle, e.LifecycleSince, e.Unconfirmed = to, now, false
+	e.Lifecycle, e.LifecycleSince, e.Sight = to, now, SightConfirmed
 	return ev, nil
 }
 

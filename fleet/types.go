@@ -165,13 +165,42 @@ type Engine struct {
 	// RoleOpen: the engine joined without a role from its source; Role is provisional, and the
 	// controller gives it the role pricing says is needed when it becomes active (readmission).
 	RoleOpen bool
-	// Unconfirmed: readmitted (Readmit) by probes none of which failed after something other
-	// than the probes — passive health, the data path — failed it: a short outage, another
-	// engine's failures counted against it, or probes that do not reach the engine itself (a
-	// sidecar answering them for it). Said in /narwhal/state; it moves no role. Cleared by its
-	// next lifecycle change; not durable.
-	Unconfirmed bool
+	// Sight is what the probes that readmitted the engine (Readmit) are known to see of it.
+	// Cleared by its next lifecycle change; not durable.
+	Sight Sight
 }
+
+// Sight says what an engine's probes are known to see of it, as its last readmission found
+// (docs/role-control.md section 8).
+type Sight uint8
+
+const (
+	// SightConfirmed: the probes failed it, or one failed after the data path did.
+	SightConfirmed Sight = iota
+	// SightUnconfirmed: the data path (passive health) failed it and none of its probes failed
+	// until they readmitted it: a short outage, another engine's failures counted against it,
+	// or probes that do not reach the engine itself. Said in /narwhal/state; it moves no role.
+	SightUnconfirmed
+	// SightBlind: the data path failed it again after such a readmission, and still no probe
+	// failed: the probes do not see what the data path sees (llm-d's P/D sidecar answers its
+	// own /health for a dead engine). Its readmission keeps its role.
+	SightBlind
+)
+
+func (s Sight) String() string {
+	switch s {
+	case SightConfirmed:
+		return "confirmed"
+	case SightUnconfirmed:
+		return "unconfirmed"
+	case SightBlind:
+		return "blind"
+	}
+	return fmt.Sprintf("Sight(%d)", uint8(s))
+}
+
+// MarshalText writes the sight's name.
+func (s Sight) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // SourceConfig is the Source of the config's engines.
 const SourceConfig = "config"

@@ -21,7 +21,7 @@ import (
 //	offer id=r1 tokens=N [max=N] [at=S] [prefix=a,b,c] [subset=e1,e2|-]
 //	first id=r1 [at=S]      complete id=r1 [tokens=N] [at=S]
 //	fail id=r1 [at=S]       cancel id=r1 [at=S]       tick at=S
-//	lifecycle id=e1 to=failed|draining|recovering|active [unconfirmed] [at=S]
+//	lifecycle id=e1 to=failed|draining|recovering|active [sight=unconfirmed|blind] [at=S]
 //	role id=e3 to=prefill [at=S]
 //	add id=e4 role=prefill|decode|open [at=S]   (joins recovering: bring it up with lifecycle)
 //	remove id=e3 [at=S]

@@ -58,7 +58,7 @@ func (d *Driver) At(td *datadriven.TestData) time.Time {
 //	offer id=r1 tokens=N [max=N] [nostream] [prefix=a,b,c] [subset=e1,e2|-] [at=S]
 //	first id=r1 [at=S]      complete id=r1 [tokens=N] [at=S]
 //	fail id=r1 [upstream] [at=S]        cancel id=r1 [at=S]
-//	lifecycle id=e1 to=failed|draining|recovering|active [unconfirmed] [at=S]
+//	lifecycle id=e1 to=failed|draining|recovering|active [sight=unconfirmed|blind] [at=S]
 //	role id=e3 to=prefill|decode [at=S]  (a role change made outside any controller)
 //	add id=e4 role=prefill|decode|open [at=S]   (joins recovering: bring it up with lifecycle)
 //	remove id=e3 [at=S]
@@ -191,8 +191,14 @@ func (d *Driver) fleetChange(td *datadriven.TestData, b *strings.Builder) {
 		if !ok {
 			d.T.Fatalf("%s: unknown lifecycle %q", td.Pos, to)
 		}
-		if td.HasArg("unconfirmed") { // readmitted by probes that never saw the data path's failure
-			_, err = d.Fleet.Readmit(id, now, "test", true)
+		if td.HasArg("sight") { // readmitted by probes that never saw the data path's failure
+			var v string
+			td.ScanArgs(d.T, "sight", &v)
+			sight, known := map[string]fleet.Sight{"unconfirmed": fleet.SightUnconfirmed, "blind": fleet.SightBlind}[v]
+			if !known {
+				d.T.Fatalf("%s: unknown sight %q", td.Pos, v)
+			}
+			_, err = d.Fleet.Readmit(id, now, "test", sight)
 		} else {
 			_, err = d.Fleet.SetLifecycle(id, l, now, "test")
 		}
