@@ -44,9 +44,9 @@ func (l *Log) Snapshot(now time.Time, snap fleet.Snapshot) {
 	l.write(&Fleet{Kind: KindFleet, TimeS: l.at(now), Event: Snapshot, Engines: engines})
 }
 
-// Fleet logs one fleet event (fleet.Fleet.OnChange). Address changes are left out.
+// Fleet logs one fleet event (fleet.Fleet.OnChange). Address changes and restores are left out.
 func (l *Log) Fleet(ev fleet.Event) {
-	if l == nil || ev.Kind == fleet.EventAddress {
+	if l == nil || ev.Kind == fleet.EventAddress || ev.Kind == fleet.EventRestored {
 		return
 	}
 	rec := Fleet{Kind: KindFleet, TimeS: l.at(ev.Time), Event: ev.Kind, Engine: ev.Engine, From: ev.From, To: ev.To, Cause: ev.Cause}

@@ -69,9 +69,8 @@ type Fleet struct {
 	version uint64
 	engines []Engine
 	index   map[string]int
-	subs    map[chan struct{}]struct{}
-	// observers see every event (OnChange); the slice is replaced, never changed in place, so
-	// that a delivery may range over the one it took.
+	// observers see every event (OnChange) or are woken by it (Subscribe); the slice is
+	// replaced, never changed in place, so that a delivery may range over the one it took.
 	observers []observer
 	nextObs   uint64
 	// pending are the events committed and not yet delivered, in commit order. Events are
@@ -80,15 +79,10 @@ type Fleet struct {
 	deliverMu sync.Mutex
 }
 
-type observer struct {
-	id uint64
-	fn func(Event)
-}
-
 // New builds the fleet of a validated config: every engine active in its configured role
 // since now. The version starts at 1.
 func New(cfg *config.Config, now time.Time) (*Fleet, error) {
-	f := &Fleet{version: 1, index: make(map[string]int, len(cfg.Engines)), subs: map[chan struct{}]struct{}{}}
+	f := &Fleet{version: 1, index: make(map[string]int, len(cfg.Engines))}
 	for i, ce := range cfg.Engines {
 		role, err := ParseRole(ce.Role)
 		if err != nil {
@@ -112,7 +106,7 @@ func New(cfg *config.Config, now time.Time) (*Fleet, error) {
 func (f *Fleet) Clone() *Fleet {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	return &Fleet{version: f.version, engines: slices.Clone(f.engines), index: maps.Clone(f.index), subs: map[chan struct{}]struct{}{}}
+	return &Fleet{version: f.version, engines: slices.Clone(f.engines), index: maps.Clone(f.index)}
 }
 
 // Version is the current version; every change (one call that changed something) increases
@@ -143,24 +137,44 @@ func (f *Fleet) Engine(id string) (Engine, bool) {
 
 // OnChange calls fn with every later change, in the order changes apply, after the fleet's lock
 // is released: a slow fn delays the change's caller (a change returns once its events are
-// delivered) and the next changes' delivery, never a reader of the fleet nor a change being
-// made. fn may read the fleet; it must not change it. The returned func stops the calls.
-func (f *Fleet) OnChange(fn func(Event)) (stop func()) {
+// delivered) and the next changes' delivery, never a reader of the fleet, a change being made
+// or a subscriber's wake. fn may read the fleet; it must not change it. The returned func stops
+// the calls.
+func (f *Fleet) OnChange(fn func(Event)) (stop func()) { return f.observe(observer{fn: fn}) }
+
+// Subscribe returns a channel that receives a value after every change (coalesced: a slow
+// reader sees one wake for many changes, then reads the Snapshot) and a cancel function. The
+// wake is sent as the change commits, ahead of OnChange's deliveries, so that a slow observer
+// does not hold up the fleet's followers (the router, the xDS server).
+func (f *Fleet) Subscribe() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	return ch, f.observe(observer{wake: ch})
+}
+
+// observer is one OnChange fn or one Subscribe channel: the fleet's one list of observers.
+type observer struct {
+	id   uint64
+	fn   func(Event)
+	wake chan struct{}
+}
+
+// observe adds o to the observers and returns the func that removes it.
+func (f *Fleet) observe(o observer) (stop func()) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.nextObs++
-	id := f.nextObs
-	f.observers = append(slices.Clip(f.observers), observer{id, fn})
+	o.id = f.nextObs
+	f.observers = append(slices.Clip(f.observers), o)
 	return func() {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		f.observers = slices.DeleteFunc(slices.Clone(f.observers), func(o observer) bool { return o.id == id })
+		f.observers = slices.DeleteFunc(slices.Clone(f.observers), func(x observer) bool { return x.id == o.id })
 	}
 }
 
-// deliver hands the pending events to the observers, in commit order, outside the fleet's lock.
-// One delivery runs at a time: a change's caller returns once its events are delivered, by
-// itself or by the delivery that held the turn.
+// deliver hands the pending events to the OnChange observers, in commit order, outside the
+// fleet's lock. One delivery runs at a time: a change's caller returns once its events are
+// delivered, by itself or by the delivery that held the turn.
 func (f *Fleet) deliver() {
 	f.deliverMu.Lock()
 	defer f.deliverMu.Unlock()
@@ -174,23 +188,11 @@ func (f *Fleet) deliver() {
 		}
 		for _, ev := range evs {
 			for _, o := range obs {
-				o.fn(ev)
+				if o.fn != nil {
+					o.fn(ev)
+				}
 			}
 		}
-	}
-}
-
-// Subscribe returns a channel that receives a value after every change (coalesced: a slow
-// reader sees one wake for many changes, then reads the Snapshot) and a cancel function.
-func (f *Fleet) Subscribe() (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
-	f.mu.Lock()
-	f.subs[ch] = struct{}{}
-	f.mu.Unlock()
-	return ch, func() {
-		f.mu.Lock()
-		delete(f.subs, ch)
-		f.mu.Unlock()
 	}
 }
 
@@ -426,9 +428,10 @@ func (f *Fleet) FinishSwitch(id string, result SwitchResult, now time.Time, deta
 // source, if it has one, reconciles it later), and one that saved does not have goes (a
 // standby following its leader's state sees the leader's membership). It returns the ids of saved config engines that
 // the fleet does not have (removed from the config since), and produces one new version, with
-// no events: nothing changed in the world, the fleet remembers. Call it before anything reads
-// the fleet.
+// one EventRestored (no time: nothing changed in the world, the fleet remembers). Call it before
+// anything reads the fleet.
 func (f *Fleet) Restore(saved []Engine) (unknown []string, err error) {
+	defer f.deliver()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, s := range saved {
@@ -465,8 +468,7 @@ func (f *Fleet) Restore(saved []Engine) (unknown []string, err error) {
 	for i, e := range f.engines {
 		f.index[e.ID] = i
 	}
-	f.version++
-	f.notify() // followers (the router, the xDS server) see the restored fleet
+	f.commit(Event{Kind: EventRestored, Cause: "restore"}) // followers (the router, the xDS server) see the restored fleet
 	return unknown, nil
 }
 
@@ -582,18 +584,18 @@ func (f *Fleet) commit(evs ...Event) {
 	for j := range evs {
 		evs[j].Version = f.version
 	}
-	if len(f.observers) > 0 {
-		f.pending = append(f.pending, evs...)
-	}
-	f.notify()
-}
-
-// notify wakes every subscriber (a pending wake-up is enough); f.mu is held.
-func (f *Fleet) notify() {
-	for ch := range f.subs {
-		select {
-		case ch <- struct{}{}:
+	queue := false
+	for _, o := range f.observers {
+		if o.wake == nil {
+			queue = true
+			continue
+		}
+		select { // a pending wake is enough
+		case o.wake <- struct{}{}:
 		default:
 		}
+	}
+	if queue {
+		f.pending = append(f.pending, evs...)
 	}
 }

@@ -624,3 +624,32 @@ func TestObserversRunOutsideTheLock(t *testing.T) {
 		t.Fatalf("an observer stopped was called again (%d deliveries unread, want 2)", len(entered))
 	}
 }
+
+// A restore (a standby taking its leader's state) reaches the fleet's followers as any change
+// does: subscribers wake and observers see one EventRestored, with a new version.
+func TestRestoreIsAChange(t *testing.T) {
+	f := mixedFleet(t)
+	wake, cancel := f.Subscribe()
+	defer cancel()
+	var got []Event
+	stop := f.OnChange(func(ev Event) { got = append(got, ev) })
+	defer stop()
+	snap := f.Snapshot()
+	if err := snap.Move("e1", Decode, t0.Add(time.Second), 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Restore(snap.Engines); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-wake:
+	default:
+		t.Fatal("a restore did not wake the subscribers")
+	}
+	if len(got) != 1 || got[0].Kind != EventRestored || got[0].Version != snap.Version+1 {
+		t.Fatalf("observers saw %+v, want one restored event at version %d", got, snap.Version+1)
+	}
+	if e, _ := f.Engine("e1"); e.Role != Decode {
+		t.Fatalf("e1 restored as %v", e.Role)
+	}
+}

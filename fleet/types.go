@@ -223,6 +223,9 @@ const (
 	// Address; EventRemoved: it left (Remove), in role From.
 	EventAdded   EventKind = "added"
 	EventRemoved EventKind = "removed"
+	// EventRestored: the fleet took back a saved state (Restore) — at start, or a standby
+	// following its leader; no engine, no time. Not in the decision log.
+	EventRestored EventKind = "restored"
 )
 
 // SwitchResult is how an in-place switch ended.

@@ -192,7 +192,11 @@ func build(ctx context.Context, cfg *config.Config, log *slog.Logger, decisions 
 		s.dlog = decisionlog.New(decisions, start, cfg, f.Snapshot())
 	}
 	f.OnChange(func(ev fleet.Event) {
-		log.Info("fleet change", "version", ev.Version, "kind", ev.Kind, "engine", ev.Engine,
+		level := slog.LevelInfo
+		if ev.Kind == fleet.EventRestored { // a standby takes its leader's every write
+			level = slog.LevelDebug
+		}
+		log.Log(context.Background(), level, "fleet change", "version", ev.Version, "kind", ev.Kind, "engine", ev.Engine,
 			"from", ev.From, "to", ev.To, "pinned", ev.Pinned, "drained", ev.Held, "cause", ev.Cause)
 		s.dlog.Fleet(ev)
 	})
