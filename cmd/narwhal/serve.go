@@ -483,11 +483,18 @@ func (s *server) shutdown(runErr error) error {
 			log.Warn("requests left without an answer at shutdown", "err", err)
 		}
 		cancelAnswers()
-		// grpc-go queues replies and has no flush: Stop drops what its writers hold. Let them
-		// write the 503s first.
-		time.Sleep(flushPause)
-		s.grpcSrv.Stop()
-		<-stopped
+		// grpc-go queues replies and has no flush: Stop drops what its writers hold, while the
+		// graceful stop writes every stream's last frames before it closes a connection. With no
+		// stream left but the answered ones (they end with their reply), it completes by itself;
+		// streams still open (residents past the grace) are cut after flushPause.
+		flush := time.NewTimer(flushPause)
+		select {
+		case <-stopped:
+		case <-flush.C:
+			s.grpcSrv.Stop()
+			<-stopped
+		}
+		flush.Stop()
 	}
 	s.xdsSrv.Stop() // ADS streams never end by themselves; Envoy keeps its last config
 	if s.healthSrv != nil {
@@ -509,8 +516,8 @@ func (s *server) shutdown(runErr error) error {
 // replies of the requests it turned away to be sent.
 const answerGrace = 2 * time.Second
 
-// flushPause is how long Narwhal lets the transport write the replies it queued before it
-// closes the ext_proc connections.
+// flushPause is how long, once the turned-away requests have their replies, Narwhal lets the
+// graceful stop write them before it closes the ext_proc connections that still carry streams.
 const flushPause = 200 * time.Millisecond
 
 // eject marks an engine that passive health checking took out of placement as failed; the
