@@ -77,6 +77,7 @@ func benchFleet(b *testing.B, n, waiting int) (*Controller, fleet.Snapshot, *rou
 	r := router.New(cfg, f.Snapshot(), epoch)
 	now := epoch
 	var tr router.Trigger
+	var out router.Output
 	for i := 0; r.Snapshot(now).Retained.Waiting < waiting; i++ {
 		now = now.Add(10 * time.Millisecond)
 		o := r.Offer(now, router.Offer{ID: "r", PromptTokens: 512 + i%1024, MaxTokens: 64})
@@ -88,7 +89,7 @@ func benchFleet(b *testing.B, n, waiting int) (*Controller, fleet.Snapshot, *rou
 		if o.Status == router.Waiting {
 			tr = router.Trigger{Request: "r", Handle: o.Handle}
 		}
-		r.Advance()
+		r.Take(&out)
 	}
 	if _, waiting := r.Price(now, router.Query{Splits: []router.Split{r.CurrentSplit()}, Request: tr.Handle}); !waiting {
 		b.Fatalf("the trigger %+v is not waiting", tr)

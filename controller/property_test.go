@@ -70,10 +70,10 @@ func TestAuditedProperty(t *testing.T) {
 		now := epoch
 		var handles []router.Handle
 		take := func() {
-			if out := r.Ready(); out.Urgent {
+			var out router.Output
+			if r.Take(&out); out.Urgent {
 				ctl.Trigger(out.Trigger)
 			}
-			r.Advance()
 		}
 		for step := rapid.IntRange(10, 80).Draw(rt, "steps"); step > 0; step-- {
 			switch op := rapid.SampledFrom([]string{"offer", "offer", "offer", "first", "complete", "cancel", "fail", "recover", "pin", "tick", "tick", "tick"}).Draw(rt, "op"); op {

@@ -61,7 +61,7 @@ func BenchmarkPlace(b *testing.B) {
 			for r.nWaiting < 1000 {
 				r.Offer(now, Offer{ID: "w", PromptTokens: 1024, MaxTokens: 128})
 			}
-			r.Advance()
+			r.Take(new(Output))
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {

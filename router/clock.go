@@ -8,7 +8,7 @@ import (
 )
 
 // Tick applies time: waiting requests past router.waiting_set.max_wait_s are rejected
-// (wait_timeout, through Ready), dispatched requests with no first token after
+// (wait_timeout, through Take), dispatched requests with no first token after
 // router.first_token_timeout_s are counted, and the waiting set is pumped.
 func (r *Router) Tick(now time.Time) {
 	t := r.at(now)

@@ -53,9 +53,9 @@ func TestCorrectionUnderLoad(t *testing.T) {
 				heap.Push(&q, event{at: first, h: h, first: true})
 			}
 			drain := func(now float64) {
-				out := append([]Outcome(nil), r.Ready().Outcomes...)
-				r.Advance()
-				for _, o := range out {
+				var out Output
+				r.Take(&out)
+				for _, o := range out.Outcomes {
 					if o.Status == Dispatched {
 						dispatched(now, o.Handle)
 					}

@@ -21,6 +21,7 @@ type Live struct {
 	hooks   Hooks
 	armed   time.Time     // when Run's timer fires next (under mu)
 	changed chan struct{} // closed at the next change; nil while no one waits (Changed)
+	taken   Output        // the router's output (Take), under mu
 
 	kick chan struct{}
 	pool sync.Pool
@@ -78,18 +79,17 @@ func (l *Live) Run(ctx context.Context) error {
 // it after unlocking.
 func (l *Live) flush() Output {
 	l.signal()
-	out := l.r.Ready()
-	for _, o := range out.Outcomes {
+	l.r.Take(&l.taken)
+	for _, o := range l.taken.Outcomes {
 		if ch, ok := l.waiters[o.Handle]; ok {
 			delete(l.waiters, o.Handle)
 			ch <- o
 		}
 	}
-	out.Outcomes = nil
-	if len(out.Ejections) > 0 {
-		out.Ejections = append([]Ejection(nil), out.Ejections...) // rare
+	out := Output{Trigger: l.taken.Trigger, Urgent: l.taken.Urgent}
+	if len(l.taken.Ejections) > 0 {
+		out.Ejections = append([]Ejection(nil), l.taken.Ejections...) // rare; fired after the lock
 	}
-	l.r.Advance()
 	if next, ok := l.r.NextDeadline(); ok && next.Before(l.armed) {
 		l.armed = next
 		l.wake()

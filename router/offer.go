@@ -16,7 +16,7 @@ func (r *Router) Invalid() {
 
 // Offer admits, queues or rejects one valid offer. An admitted offer is dispatched at once when
 // the waiting set is empty and an engine has room (Status Dispatched); otherwise it waits
-// (Status Waiting) and its placement or rejection comes later through Ready.
+// (Status Waiting) and its placement or rejection comes later through Take.
 func (r *Router) Offer(now time.Time, o Offer) Outcome {
 	t := r.at(now)
 	r.counters.Offers++

@@ -2,7 +2,7 @@ package router
 
 // The router's output to its edge.
 
-// Output is what the router raised since the last Advance for its edge to act on: the one
+// Output is what the router raised since the last Take for its edge to act on: the one
 // value that leaves it besides the answers of its calls.
 type Output struct {
 	// Outcomes are the dispatches and rejections of waiting requests, in order.
@@ -18,14 +18,13 @@ type Output struct {
 // Empty reports whether there is nothing to act on.
 func (o Output) Empty() bool { return len(o.Outcomes) == 0 && !o.Urgent && len(o.Ejections) == 0 }
 
-// Ready returns the output raised since the last Advance. Its slices are the router's own:
-// take what is needed, then call Advance before any other call into the router.
-func (r *Router) Ready() Output {
-	return Output{Outcomes: r.outbox, Trigger: r.trigger, Urgent: r.urgent, Ejections: r.ejections}
-}
-
-// Advance acknowledges the output Ready returned: the router forgets it (and reuses its
-// storage).
-func (r *Router) Advance() {
+// Take moves the output raised since the last Take into out and the router forgets it: out's
+// slices are reused (nothing is allocated once they have grown), so that the caller may act on
+// out while it calls into the router again. It is the router's one output: the live wrapper,
+// the simulator and the scripts take it so.
+func (r *Router) Take(out *Output) {
+	out.Outcomes = append(out.Outcomes[:0], r.outbox...)
+	out.Ejections = append(out.Ejections[:0], r.ejections...)
+	out.Trigger, out.Urgent = r.trigger, r.urgent
 	r.outbox, r.ejections, r.urgent = r.outbox[:0], r.ejections[:0], false
 }

@@ -56,8 +56,9 @@ func TestConservationProperty(t *testing.T) {
 			}
 		}
 		check := func(step string) {
-			out := r.Ready()
-			ejected := append([]Ejection(nil), out.Ejections...)
+			var out Output
+			r.Take(&out)
+			ejected := out.Ejections
 			for _, o := range out.Outcomes {
 				if o.Handle == 0 || (o.Status != Dispatched && !(o.Status == Rejected && (o.Code == WaitTimeout || o.Code == ShuttingDown))) {
 					rt.Fatalf("%s: bad outbox entry %+v", step, o)
@@ -69,7 +70,6 @@ func TestConservationProperty(t *testing.T) {
 				delete(subsets, o.Handle)
 				status[o.Handle] = o.Status
 			}
-			r.Advance()
 			for _, ej := range ejected { // the edge marks it failed, as serve does
 				if rapid.Bool().Draw(rt, "apply_ejection") {
 					_, _ = f.SetLifecycle(ej.Engine, fleet.Failed, now, "passive")

@@ -149,7 +149,7 @@ func (r *Router) Complete(now time.Time, h Handle, outputTokens int) error {
 
 // Fail records a dispatched request that failed. An upstream failure counts against the
 // engine the request was sent to: health.passive.consecutive_failures of them in a row eject
-// it from placement at once (Ready reports it for the fleet).
+// it from placement at once (Take reports it for the fleet).
 func (r *Router) Fail(now time.Time, h Handle, why Failure) error {
 	t := r.at(now)
 	e, slot, err := r.dispatched(h)
@@ -183,7 +183,7 @@ func (r *Router) failUpstream(t float64, i int16) {
 }
 
 // Shutdown turns the router away from new work: every request still waiting is rejected
-// (ShuttingDown, through Ready) and so is every later offer. Dispatched requests keep their
+// (ShuttingDown, through Take) and so is every later offer. Dispatched requests keep their
 // residency until they end.
 func (r *Router) Shutdown(now time.Time) {
 	r.at(now)

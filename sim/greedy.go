@@ -39,7 +39,7 @@ func (s *run) fork() *run {
 	}
 	n.events = eventHeap{items: slices.Clone(s.events.items), seq: s.events.seq}
 	n.handles = maps.Clone(s.handles)
-	n.ready = nil
+	n.taken = router.Output{}
 	n.out = slices.Clone(s.out)
 	n.moves = slices.Clone(s.moves)
 	n.faults = slices.Clone(s.faults)

@@ -44,8 +44,7 @@ type run struct {
 	next    int // the next trace request to arrive
 	handles map[router.Handle]int32
 	open    int              // requests admitted and not yet finished, failed or turned away
-	ready   []router.Outcome // the router's output, copied (settle)
-	ejected []router.Ejection
+	taken   router.Output // the router's output (settle)
 	out     []result
 	moves   []roleChange
 	// underway counts the in-place switches under way (switch: sglang): started, not ended
@@ -349,27 +348,23 @@ func (s *run) arrive(i int) {
 // urgent triggers, passive-health ejections.
 func (s *run) settle() {
 	for {
-		// The output's slices last until Advance, and acting on it calls the router: copy.
-		out := s.r.Ready()
-		s.ready = append(s.ready[:0], out.Outcomes...)
-		s.ejected = append(s.ejected[:0], out.Ejections...)
-		if out.Urgent && s.c != nil {
-			s.c.Trigger(out.Trigger)
+		s.r.Take(&s.taken)
+		if s.taken.Urgent && s.c != nil {
+			s.c.Trigger(s.taken.Trigger)
 		}
-		s.r.Advance()
 		// An ejection changes the fleet, and the router may dispatch on the change: handle
 		// what it produces at this same instant.
 		ejected := false
-		for _, e := range s.ejected {
+		for _, e := range s.taken.Ejections {
 			if _, err := s.f.Eject(e.Engine, e.Failures, s.now); err == nil {
 				s.syncFleet()
 				ejected = true
 			}
 		}
-		if len(s.ready) == 0 && !ejected {
+		if len(s.taken.Outcomes) == 0 && !ejected {
 			break
 		}
-		for _, o := range s.ready {
+		for _, o := range s.taken.Outcomes {
 			i, ok := s.handles[o.Handle]
 			if !ok {
 				continue

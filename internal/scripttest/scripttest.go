@@ -247,7 +247,8 @@ func Outcome(id string, o router.Outcome) string {
 // Output prints what the router raised (outcomes by request id, ejections, the urgent trigger),
 // acknowledges it, and returns it.
 func (d *Driver) Output(b *strings.Builder) router.Output {
-	out := d.Router.Ready()
+	var out router.Output
+	d.Router.Take(&out)
 	for _, o := range out.Outcomes {
 		b.WriteString(Outcome(d.Names[o.Handle], o))
 	}
@@ -257,7 +258,5 @@ func (d *Driver) Output(b *strings.Builder) router.Output {
 	if out.Urgent {
 		fmt.Fprintf(b, "urgent: %s projected_ttft=%.3f\n", out.Trigger.Request, out.Trigger.ProjectedTTFT)
 	}
-	d.Router.Advance()
-	out.Outcomes, out.Ejections = nil, nil // the router's storage: gone with Advance
 	return out
 }
