@@ -121,7 +121,7 @@ func TestSwitcher(t *testing.T) {
 			}
 		}
 	}
-	if _, err := f.StartSwitch("e2", fleet.Prefill, now, "decision 1"); err != nil {
+	if _, err := f.StartSwitch("e2", fleet.Prefill, now, fleet.Mover{Decision: 1}); err != nil {
 		t.Fatal(err)
 	}
 	rt.set(router.EngineLoad{ID: "e2", DecodeResidents: 1}) // still resident: no call
@@ -132,13 +132,13 @@ func TestSwitcher(t *testing.T) {
 	calls.mu.Unlock()
 	rt.set(router.EngineLoad{ID: "e2"})
 	ended("e2", fleet.Active, fleet.Prefill)
-	if _, err := f.StartSwitch("e2", fleet.Decode, now, "decision 2"); err != nil { // the same engine again
+	if _, err := f.StartSwitch("e2", fleet.Decode, now, fleet.Mover{Decision: 2}); err != nil { // the same engine again
 		t.Fatal(err)
 	}
 	ended("e2", fleet.Active, fleet.Decode)
 	// Drained before it is asked (its stream still decoding): abandoned, no call.
 	rt.set(router.EngineLoad{ID: "e3", DecodeResidents: 1})
-	if _, err := f.StartSwitch("e3", fleet.Prefill, now, "decision 3"); err != nil {
+	if _, err := f.StartSwitch("e3", fleet.Prefill, now, fleet.Mover{Decision: 3}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.Drain("e3", now, "admin"); err != nil {
@@ -149,7 +149,7 @@ func TestSwitcher(t *testing.T) {
 	calls.mu.Lock()
 	calls.fail = true
 	calls.mu.Unlock()
-	if _, err := f.StartSwitch("e1", fleet.Decode, now, "decision 4"); err != nil {
+	if _, err := f.StartSwitch("e1", fleet.Decode, now, fleet.Mover{Decision: 4}); err != nil {
 		t.Fatal(err)
 	}
 	ended("e1", fleet.Failed, fleet.Prefill)

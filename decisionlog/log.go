@@ -61,7 +61,7 @@ func (l *Log) Fleet(ev fleet.Event) {
 		rec.Address, rec.Profile = ev.Address, ev.Profile
 	case fleet.EventRole:
 		rec.Decision = ev.Decision
-		if fleet.IsOperatorCause(ev.Cause) {
+		if ev.Operator {
 			rec.Caller = CallerOperator
 		}
 	}

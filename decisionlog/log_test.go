@@ -47,7 +47,7 @@ func TestLogReadsBackAsWritten(t *testing.T) {
 		func() error { _, err := f.Move("e3", fleet.Prefill, at, 4); return err },
 		func() error { _, err := f.FinishSwitch("e3", fleet.SwitchSucceeded, at, "ok"); return err },
 		func() error {
-			_, err := f.SetRole("e1", fleet.Prefill, at, fleet.OperatorCause("kubernetes"))
+			_, err := f.Relabel("e1", fleet.Prefill, at, "kubernetes")
 			return err
 		},
 	} {

@@ -183,11 +183,6 @@ func (s *Source) operatorMove(f *fleet.Fleet, e fleet.Engine, label string, now 
 	if err != nil {
 		return false, err
 	}
-	cause := fleet.OperatorCause(s.name)
-	if e.InPlace {
-		_, err = f.StartSwitch(e.ID, to, now, cause)
-	} else {
-		_, err = f.SetRole(e.ID, to, now, cause)
-	}
+	_, err = f.Relabel(e.ID, to, now, s.name)
 	return err == nil, err
 }

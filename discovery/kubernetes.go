@@ -417,7 +417,7 @@ func (k *Kubernetes) reconcile(lister interface {
 // of Kubernetes (an operator's relabel is the label already).
 func (k *Kubernetes) followRoles() (stop func()) {
 	return k.Fleet.OnChange(func(ev fleet.Event) {
-		if ev.Kind != fleet.EventRole || fleet.IsOperatorCause(ev.Cause) {
+		if ev.Kind != fleet.EventRole || ev.Operator {
 			return
 		}
 		select {

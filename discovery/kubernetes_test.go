@@ -152,7 +152,7 @@ func TestKubernetesDiscovery(t *testing.T) {
 	for len(evCh) > 0 {
 		evs = append(evs, <-evCh)
 	}
-	if len(evs) != 1 || evs[0].Kind != fleet.EventRole || !fleet.IsOperatorCause(evs[0].Cause) {
+	if len(evs) != 1 || evs[0].Kind != fleet.EventRole || !evs[0].Operator {
 		t.Fatalf("events %+v", evs)
 	}
 	if s := k.Status(); s.LabelWrites != 1 {

@@ -284,14 +284,16 @@ func (f *Fleet) Readmit(id string, now time.Time, cause string, sight Sight) (En
 // SetRole moves an engine to another role. Pinned engines keep theirs. The role-since time
 // restarts (dwell counts from it).
 func (f *Fleet) SetRole(id string, to Role, now time.Time, cause string) (Engine, error) {
-	return f.update(id, func(e *Engine) ([]Event, error) { return setRole(e, to, now, cause, 0) })
+	return f.update(id, func(e *Engine) ([]Event, error) { return setRole(e, to, now, cause, Mover{}) })
 }
 
-func setRole(e *Engine, to Role, now time.Time, cause string, decision uint64) ([]Event, error) {
+// setRole moves e to role to; by is the mover when a decision or an operator moves it (cause
+// is then by.Cause()), zero for the others.
+func setRole(e *Engine, to Role, now time.Time, cause string, by Mover) ([]Event, error) {
 	if err := canMove(e, to); err != nil {
 		return nil, err
 	}
-	ev := Event{Time: now, Kind: EventRole, Engine: e.ID, From: e.Role.String(), To: to.String(), Cause: cause, Decision: decision}
+	ev := Event{Time: now, Kind: EventRole, Engine: e.ID, From: e.Role.String(), To: to.String(), Cause: cause, Decision: by.Decision, Operator: by.Operator != ""}
 	e.Role, e.RoleSince, e.Moved, e.RoleOpen = to, now, true, false
 	return []Event{ev}, nil
 }
@@ -299,14 +301,20 @@ func setRole(e *Engine, to Role, now time.Time, cause string, decision uint64) (
 // Move makes decision's role move the way the engine changes role: StartSwitch for one that
 // switches in place (InPlace), SetRole for the others; the events carry the decision's number.
 func (f *Fleet) Move(id string, to Role, now time.Time, decision uint64) (Engine, error) {
-	return f.update(id, func(e *Engine) ([]Event, error) { return move(e, to, now, decision) })
+	return f.update(id, func(e *Engine) ([]Event, error) { return move(e, to, now, Mover{Decision: decision}) })
 }
 
-func move(e *Engine, to Role, now time.Time, decision uint64) ([]Event, error) {
+// Relabel makes an operator's role move, made at source (a relabel), as Move makes a decision's:
+// its events say an operator made it (Event.Operator), so that the source is not written back.
+func (f *Fleet) Relabel(id string, to Role, now time.Time, source string) (Engine, error) {
+	return f.update(id, func(e *Engine) ([]Event, error) { return move(e, to, now, Mover{Operator: source}) })
+}
+
+func move(e *Engine, to Role, now time.Time, by Mover) ([]Event, error) {
 	if e.InPlace {
-		return startSwitch(e, to, now, DecisionCause(decision), decision)
+		return startSwitch(e, to, now, by)
 	}
-	return setRole(e, to, now, DecisionCause(decision), decision)
+	return setRole(e, to, now, by.Cause(), by)
 }
 
 // Move previews Fleet.Move on the snapshot (the caller's own copy): the engine as the fleet
@@ -318,7 +326,7 @@ func (s *Snapshot) Move(id string, to Role, now time.Time, decision uint64) erro
 			continue
 		}
 		e := s.Engines[i]
-		if _, err := move(&e, to, now, decision); err != nil {
+		if _, err := move(&e, to, now, Mover{Decision: decision}); err != nil {
 			return err
 		}
 		s.Engines[i] = e
@@ -341,13 +349,13 @@ func canMove(e *Engine, to Role) error {
 }
 
 // StartSwitch begins an in-place role switch of an engine that needs one (InPlace): it leaves
-// placement (switching) and keeps its role until FinishSwitch; cause says who asked (a
-// decision's switch starts with Move).
-func (f *Fleet) StartSwitch(id string, to Role, now time.Time, cause string) (Engine, error) {
-	return f.update(id, func(e *Engine) ([]Event, error) { return startSwitch(e, to, now, cause, 0) })
+// placement (switching) and keeps its role until FinishSwitch. by says who asked (Move and
+// Relabel start one for an engine that switches in place).
+func (f *Fleet) StartSwitch(id string, to Role, now time.Time, by Mover) (Engine, error) {
+	return f.update(id, func(e *Engine) ([]Event, error) { return startSwitch(e, to, now, by) })
 }
 
-func startSwitch(e *Engine, to Role, now time.Time, cause string, decision uint64) ([]Event, error) {
+func startSwitch(e *Engine, to Role, now time.Time, by Mover) ([]Event, error) {
 	if err := canMove(e, to); err != nil {
 		return nil, err
 	}
@@ -359,12 +367,12 @@ func startSwitch(e *Engine, to Role, now time.Time, cause string, decision uint6
 	case e.Lifecycle != Active:
 		return nil, fmt.Errorf("%w: engine %s is %s, not active", ErrTransition, e.ID, e.Lifecycle)
 	}
-	ev, err := setLifecycle(e, Switching, now, cause)
+	ev, err := setLifecycle(e, Switching, now, by.Cause())
 	if err != nil {
 		return nil, err
 	}
-	ev.Decision = decision
-	e.SwitchTo, e.SwitchCause, e.SwitchDecision = to, cause, decision
+	ev.Decision = by.Decision
+	e.SwitchTo, e.SwitchBy = to, by
 	return []Event{ev}, nil
 }
 
@@ -397,7 +405,8 @@ func (f *Fleet) FinishSwitch(id string, result SwitchResult, now time.Time, deta
 		switching := e.Lifecycle == Switching
 		switch result {
 		case SwitchSucceeded:
-			evs = append(evs, Event{Time: now, Kind: EventRole, Engine: e.ID, From: e.Role.String(), To: e.SwitchTo.String(), Cause: e.SwitchCause, Decision: e.SwitchDecision})
+			evs = append(evs, Event{Time: now, Kind: EventRole, Engine: e.ID, From: e.Role.String(), To: e.SwitchTo.String(),
+				Cause: e.SwitchBy.Cause(), Decision: e.SwitchBy.Decision, Operator: e.SwitchBy.Operator != ""})
 			e.Role, e.RoleSince, e.Moved, e.RoleOpen = e.SwitchTo, now, true, false
 			if switching {
 				ev, _ := setLifecycle(e, Active, now, "switch")
@@ -415,7 +424,7 @@ func (f *Fleet) FinishSwitch(id string, result SwitchResult, now time.Time, deta
 		default:
 			return nil, fmt.Errorf("%w: engine %s: unknown switch result %q", ErrTransition, e.ID, result)
 		}
-		e.SwitchTo, e.SwitchCause, e.SwitchDecision, e.SwitchAsked = 0, "", 0, false
+		e.SwitchTo, e.SwitchBy, e.SwitchAsked = 0, Mover{}, false
 		return evs, nil
 	})
 }
@@ -456,7 +465,7 @@ func (f *Fleet) Restore(saved []Engine) (unknown []string, err error) {
 		}
 		e.Role, e.RoleSince, e.Moved = s.Role, s.RoleSince, s.Moved
 		e.Lifecycle, e.LifecycleSince, e.Held = s.Lifecycle, s.LifecycleSince, s.Held
-		e.SwitchTo, e.SwitchCause, e.SwitchDecision = s.SwitchTo, s.SwitchCause, s.SwitchDecision
+		e.SwitchTo, e.SwitchBy = s.SwitchTo, s.SwitchBy
 		e.Pinned = e.Pinned || s.Pinned
 	}
 	// Engines added at run time that saved does not have left in the meantime (a standby

@@ -271,15 +271,15 @@ func TestInPlaceSwitch(t *testing.T) {
 		{"e3", Prefill, "pinned"},
 		{"e2", Decode, "already decode"},
 	} {
-		if _, err := f.StartSwitch(c.id, c.to, t1, "decision 1"); !errors.Is(err, ErrTransition) || !strings.Contains(err.Error(), c.err) {
+		if _, err := f.StartSwitch(c.id, c.to, t1, Mover{Decision: 1}); !errors.Is(err, ErrTransition) || !strings.Contains(err.Error(), c.err) {
 			t.Errorf("StartSwitch(%s): %v, want %q", c.id, err, c.err)
 		}
 	}
-	e, err := f.StartSwitch("e2", Prefill, t1, "decision 7")
+	e, err := f.StartSwitch("e2", Prefill, t1, Mover{Decision: 7})
 	if err != nil || e.Lifecycle != Switching || e.Role != Decode || e.SwitchTo != Prefill || e.Live() {
 		t.Fatalf("StartSwitch: %+v %v", e, err)
 	}
-	if _, err := f.StartSwitch("e2", Prefill, t1, "decision 8"); err == nil {
+	if _, err := f.StartSwitch("e2", Prefill, t1, Mover{Decision: 8}); err == nil {
 		t.Error("a second switch was started")
 	}
 	for _, to := range []Lifecycle{Active, Switching} {
@@ -296,7 +296,7 @@ func TestInPlaceSwitch(t *testing.T) {
 		t.Error("a switch ended twice")
 	}
 	// A failure: the engine is failed in its old role.
-	if _, err := f.StartSwitch("e1", Decode, t2, "decision 9"); err != nil {
+	if _, err := f.StartSwitch("e1", Decode, t2, Mover{Decision: 9}); err != nil {
 		t.Fatal(err)
 	}
 	if e, err = f.FinishSwitch("e1", SwitchFailed, t2, "engine: rebuild failed"); err != nil || e.Lifecycle != Failed || e.Role != Prefill {
@@ -326,7 +326,7 @@ func TestInPlaceSwitch(t *testing.T) {
 	cfg2 := testConfig()
 	cfg2.Engines[1].Switch = config.SwitchSGLang
 	f2, _ := New(cfg2, t0)
-	if _, err := f2.StartSwitch("e2", Prefill, t1, "decision 1"); err != nil {
+	if _, err := f2.StartSwitch("e2", Prefill, t1, Mover{Decision: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f2.Drain("e2", t1, "admin"); err != nil {
@@ -505,7 +505,11 @@ func TestMoveEventsCarryTheDecision(t *testing.T) {
 	f := mixedFleet(t)
 	var got []string
 	f.OnChange(func(ev Event) {
-		got = append(got, fmt.Sprintf("%s %s %s->%s %q #%d", ev.Engine, ev.Kind, ev.From, ev.To, ev.Cause, ev.Decision))
+		s := fmt.Sprintf("%s %s %s->%s %q #%d", ev.Engine, ev.Kind, ev.From, ev.To, ev.Cause, ev.Decision)
+		if ev.Operator {
+			s += " operator"
+		}
+		got = append(got, s)
 	})
 	t1 := t0.Add(time.Minute)
 	if _, err := f.Move("e4", Prefill, t1, 7); err != nil {
@@ -520,7 +524,14 @@ func TestMoveEventsCarryTheDecision(t *testing.T) {
 	if _, err := f.FinishSwitch("e2", SwitchSucceeded, t1.Add(time.Second), "ok"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.SetRole("e4", Decode, t1, OperatorCause("kubernetes")); err != nil {
+	if _, err := f.Relabel("e4", Decode, t1, "kubernetes"); err != nil {
+		t.Fatal(err)
+	}
+	// An operator's relabel of an engine that switches in place: the switch's end says so too.
+	if _, err := f.Relabel("e2", Decode, t1.Add(time.Minute), "file"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.FinishSwitch("e2", SwitchSucceeded, t1.Add(time.Minute), "ok"); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{
@@ -530,7 +541,11 @@ func TestMoveEventsCarryTheDecision(t *testing.T) {
 		`e2 switch decode->prefill "ok" #0`,
 		`e2 role decode->prefill "decision 8" #8`,
 		`e2 lifecycle switching->active "switch" #0`,
-		`e4 role prefill->decode "operator (kubernetes)" #0`,
+		`e4 role prefill->decode "operator (kubernetes)" #0 operator`,
+		`e2 lifecycle active->switching "operator (file)" #0`,
+		`e2 switch prefill->decode "ok" #0`,
+		`e2 role prefill->decode "operator (file)" #0 operator`,
+		`e2 lifecycle switching->active "switch" #0`,
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

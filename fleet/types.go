@@ -3,7 +3,6 @@ package fleet
 import (
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -151,12 +150,10 @@ type Engine struct {
 	Moved bool
 	// LifecycleSince is when the lifecycle last changed.
 	LifecycleSince time.Time
-	// SwitchTo is the role an in-place switch under way goes to (zero when none), SwitchCause
-	// who started it and SwitchDecision the decision that did (0 for an operator's): the role
-	// event that ends it carries both.
-	SwitchTo       Role
-	SwitchCause    string
-	SwitchDecision uint64
+	// SwitchTo is the role an in-place switch under way goes to (zero when none) and SwitchBy
+	// who started it: the role event that ends it says so.
+	SwitchTo Role
+	SwitchBy Mover
 	// SwitchAsked: the engine has been asked (AskSwitch). Not durable: a restart asks again.
 	SwitchAsked bool
 	// Source is where the engine comes from: SourceConfig (the config's engines list) or the
@@ -253,6 +250,8 @@ type Event struct {
 	// Decision is the decision that made a role change (EventRole; 0 for the others and for
 	// changes no decision made), and that started a switch (EventLifecycle to switching).
 	Decision uint64
+	// Operator: an operator made the role change at its source (EventRole; Relabel).
+	Operator bool
 	// Result is how a switch ended (EventSwitch; From and To are its roles, Cause the detail).
 	Result SwitchResult
 	// Address is an added engine's configured address and Profile its profile (EventAdded).
@@ -262,8 +261,17 @@ type Event struct {
 // DecisionCause is the cause of a change that decision seq made (Move).
 func DecisionCause(seq uint64) string { return "decision " + strconv.FormatUint(seq, 10) }
 
-// OperatorCause is the cause of a role change an operator made at source (a relabel).
-func OperatorCause(source string) string { return "operator (" + source + ")" }
+// Mover is who makes a role move (Move, Relabel): a decision of the controller, by its number, or
+// an operator at a source (a relabel in Kubernetes, a file's role), by the source's name.
+type Mover struct {
+	Decision uint64
+	Operator string
+}
 
-// IsOperatorCause reports whether cause is an OperatorCause.
-func IsOperatorCause(cause string) bool { return strings.HasPrefix(cause, "operator (") }
+// Cause is the move's cause as events and logs say it: DecisionCause(n), or "operator (source)".
+func (m Mover) Cause() string {
+	if m.Operator != "" {
+		return "operator (" + m.Operator + ")"
+	}
+	return DecisionCause(m.Decision)
+}

@@ -328,3 +328,26 @@ func TestUpgradeFromVersion1(t *testing.T) {
 		t.Fatalf("upgraded: version %d, switch decisions %d and %d", f.Version, f.Engines[0].SwitchDecision, f.Engines[1].SwitchDecision)
 	}
 }
+
+// A version-2 state written before switch_operator, with an operator's switch under way, is read
+// with the operator from its cause's text: the role event ending the switch says an operator
+// made it (so that discovery does not write the role back to its source).
+func TestUpgradeOperatorSwitch(t *testing.T) {
+	v2 := `{"version": 2, "written": "2026-12-01T00:00:00Z", "engines": [` +
+		`{"id": "a", "role": "prefill", "role_since": "2026-12-01T00:00:00Z", "moved": false, "lifecycle": "switching", "lifecycle_since": "2026-12-01T00:00:00Z", "pinned": false, "held": false, "switch_to": "decode", "switch_cause": "operator (kubernetes)", "correction": {"prefill": 1, "decode": 1, "prefill_samples": 0, "decode_samples": 0}, "in_place": true}], ` +
+		`"controller": {"seq": 7, "confirmations": {"prefill_expand": 0, "prefill_consolidate": 0, "decode_expand": 0, "decode_consolidate": 0}, "evidence_window": {"opened_at": "2026-12-01T00:00:00Z", "arrivals": 0, "closed": false}}}`
+	f, err := Decode([]byte(v2), "v2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	engines, err := f.Fleet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if by := engines[0].SwitchBy; by != (fleet.Mover{Operator: "kubernetes"}) {
+		t.Fatalf("switch started by %+v, want the operator at kubernetes", by)
+	}
+	if data, err := Encode(f); err != nil || !strings.Contains(string(data), `"switch_operator": "kubernetes"`) {
+		t.Fatalf("written again: %v\n%s", err, data)
+	}
+}
