@@ -13,6 +13,7 @@
 package audit
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -40,6 +41,14 @@ func rulesOf(c *config.Controller) rules {
 		cooldownS: c.Thresholds.CooldownS, dwellS: c.Thresholds.DwellS}
 }
 
+// floor is role's floor (min_prefill, min_decode).
+func (r *rules) floor(role fleet.Role) int {
+	if role == fleet.Prefill {
+		return r.minPrefill
+	}
+	return r.minDecode
+}
+
 // Violation is one broken rule, at the log line that shows it.
 type Violation struct {
 	Log    string // the log's name when several are audited as one
@@ -64,9 +73,10 @@ type Log struct {
 }
 
 type engine struct {
-	role, lifecycle string
-	pinned          bool
-	roleSince       float64 // -Inf: never moved
+	role      fleet.Role
+	lifecycle fleet.Lifecycle
+	pinned    bool
+	roleSince float64 // -Inf: never moved
 	// an in-place switch: asked (and not ended), the line of a failed one whose engine must fail
 	// next, and whether the last event was a successful switch (the role change it makes)
 	asked          bool
@@ -245,7 +255,11 @@ func (a *auditor) record() error {
 		if a.engines[rec.Engine] != nil {
 			return fmt.Errorf("audit: %s: engine %q added twice", a.where(), rec.Engine)
 		}
-		a.engines[rec.Engine] = &engine{role: rec.To, lifecycle: "recovering", roleSince: math.Inf(-1)}
+		role, err := fleet.ParseRole(rec.To)
+		if err != nil {
+			return fmt.Errorf("audit: %s: engine %q added: %w", a.where(), rec.Engine, err)
+		}
+		a.engines[rec.Engine] = &engine{role: role, lifecycle: fleet.Recovering, roleSince: math.Inf(-1)}
 	case rec.Event == fleet.EventRemoved:
 		if a.engines[rec.Engine] == nil {
 			return fmt.Errorf("audit: %s: unknown engine %q removed", a.where(), rec.Engine)
@@ -294,35 +308,44 @@ func (a *auditor) fleetEvent() error {
 	e.switchedToRole = false
 	switch rec.Event {
 	case fleet.EventLifecycle:
-		a.lifecycle(e)
+		from, errFrom := fleet.ParseLifecycle(rec.From)
+		to, errTo := fleet.ParseLifecycle(rec.To)
+		if err := errors.Join(errFrom, errTo); err != nil {
+			return fmt.Errorf("audit: %s: %w", a.where(), err)
+		}
+		a.lifecycle(e, from, to)
 	case fleet.EventSwitch:
 		a.switchStep(e)
 	case fleet.EventPin:
 		e.pinned = rec.Pinned != nil && *rec.Pinned
 	case fleet.EventRole:
-		a.role(e, viaSwitch)
+		from, errFrom := fleet.ParseRole(rec.From)
+		to, errTo := fleet.ParseRole(rec.To)
+		if err := errors.Join(errFrom, errTo); err != nil {
+			return fmt.Errorf("audit: %s: %w", a.where(), err)
+		}
+		a.role(e, from, to, viaSwitch)
 	}
 	return nil
 }
 
 // lifecycle checks a lifecycle change: a failed switch fails its engine next, and an engine
 // held for an in-place switch leaves its pool then (the floor of that pool holds).
-func (a *auditor) lifecycle(e *engine) {
+func (a *auditor) lifecycle(e *engine, from, to fleet.Lifecycle) {
 	rec := a.en.Fleet
-	if e.failedAt > 0 && rec.To != "failed" {
-		a.violate("switch", "%s became %s after its switch failed (line %d): a failed switch fails its engine", rec.Engine, rec.To, e.failedAt)
+	if e.failedAt > 0 && to != fleet.Failed {
+		a.violate("switch", "%s became %s after its switch failed (line %d): a failed switch fails its engine", rec.Engine, to, e.failedAt)
 	}
 	e.failedAt = 0
-	if rec.From == "active" && rec.To == "switching" {
-		e.lifecycle = rec.To
-		if total := live(a.engines, "prefill") + live(a.engines, "decode") + 1; total >= a.cfg.minPrefill+a.cfg.minDecode {
-			floor := map[string]int{"prefill": a.cfg.minPrefill, "decode": a.cfg.minDecode}[e.role]
-			if n := live(a.engines, e.role); n < floor {
+	if from == fleet.Active && to == fleet.Switching {
+		e.lifecycle = to
+		if total := live(a.engines, fleet.Prefill) + live(a.engines, fleet.Decode) + 1; total >= a.cfg.minPrefill+a.cfg.minDecode {
+			if n, floor := live(a.engines, e.role), a.cfg.floor(e.role); n < floor {
 				a.violate("role_floors", "%s left %s to switch in place: %d live %s engines, floor %d, with %d live engines", rec.Engine, e.role, n, e.role, floor, total)
 			}
 		}
 	}
-	e.lifecycle = rec.To
+	e.lifecycle = to
 }
 
 // switchStep follows an in-place switch: asked once while held, ended by the engine's answer.
@@ -330,14 +353,14 @@ func (a *auditor) switchStep(e *engine) {
 	rec := a.en.Fleet
 	switch rec.Result {
 	case fleet.SwitchAsked:
-		if e.asked || e.lifecycle != "switching" {
+		if e.asked || e.lifecycle != fleet.Switching {
 			a.violate("switch", "%s asked to switch while %s (asked before: %t): an engine is asked once, while held", rec.Engine, e.lifecycle, e.asked)
 		}
 		e.asked = true
 	case fleet.SwitchSucceeded:
 		e.asked, e.switchedToRole = false, true
 	case fleet.SwitchFailed:
-		if e.lifecycle == "switching" {
+		if e.lifecycle == fleet.Switching {
 			e.failedAt = a.en.Num
 		}
 		e.asked = false
@@ -351,12 +374,12 @@ func (a *auditor) switchStep(e *engine) {
 // role checks a role change against pins, dwell, advisory mode and the floors, and keeps it to
 // pair with the decision it names. An operator's relabel at the engine's source is not the
 // controller's move: no guard applies, and dwell counts from it.
-func (a *auditor) role(e *engine, viaSwitch bool) {
+func (a *auditor) role(e *engine, from, to fleet.Role, viaSwitch bool) {
 	rec := a.en.Fleet
 	a.res.RoleChanges++
 	if rec.Caller == decisionlog.CallerOperator {
 		a.res.OperatorMoves++
-		e.role, e.roleSince = rec.To, rec.TimeS
+		e.role, e.roleSince = to, rec.TimeS
 		return
 	}
 	cfg := &a.cfg
@@ -369,12 +392,12 @@ func (a *auditor) role(e *engine, viaSwitch bool) {
 	if cfg.advisory {
 		a.violate("advisory", "%s moved %s -> %s with controller.advisory on", rec.Engine, rec.From, rec.To)
 	}
-	e.role, e.roleSince = rec.To, rec.TimeS
-	if total := live(a.engines, "prefill") + live(a.engines, "decode"); total >= cfg.minPrefill+cfg.minDecode {
-		if p := live(a.engines, "prefill"); rec.From == "prefill" && p < cfg.minPrefill {
+	e.role, e.roleSince = to, rec.TimeS
+	if total := live(a.engines, fleet.Prefill) + live(a.engines, fleet.Decode); total >= cfg.minPrefill+cfg.minDecode {
+		if p := live(a.engines, fleet.Prefill); from == fleet.Prefill && p < cfg.minPrefill {
 			a.violate("role_floors", "%s left prefill: %d live prefill engines, min_prefill %d, with %d live engines", rec.Engine, p, cfg.minPrefill, total)
 		}
-		if d := live(a.engines, "decode"); rec.From == "decode" && d < cfg.minDecode {
+		if d := live(a.engines, fleet.Decode); from == fleet.Decode && d < cfg.minDecode {
 			a.violate("role_floors", "%s left decode: %d live decode engines, min_decode %d, with %d live engines", rec.Engine, d, cfg.minDecode, total)
 		}
 	}
@@ -384,8 +407,8 @@ func (a *auditor) role(e *engine, viaSwitch bool) {
 	}
 	k := decisionKey{a.en.log, rec.Decision}
 	a.events[k] = append(a.events[k], a.en.Num)
-	a.pending = append(a.pending, pendingEvent{log: a.en.log, line: a.en.Num, t: rec.TimeS, seq: rec.Decision, engine: rec.Engine, from: rec.From, to: rec.To, viaSwitch: viaSwitch})
-	if e.lifecycle == "switching" && !viaSwitch {
+	a.pending = append(a.pending, pendingEvent{log: a.en.log, line: a.en.Num, t: rec.TimeS, seq: rec.Decision, engine: rec.Engine, from: from, to: to, viaSwitch: viaSwitch})
+	if e.lifecycle == fleet.Switching && !viaSwitch {
 		a.violate("switch", "%s changed role while held for a switch, not by a successful switch", rec.Engine)
 	}
 }
@@ -454,7 +477,7 @@ func (a *auditor) pair() {
 		found := false
 		if d != nil {
 			for _, m := range d.Moves {
-				found = found || m.Engine == ev.engine && m.From.String() == ev.from && m.To.String() == ev.to
+				found = found || m.Engine == ev.engine && m.From == ev.from && m.To == ev.to
 			}
 		}
 		if !found {
@@ -471,9 +494,9 @@ func (a *auditor) pair() {
 }
 
 // live counts the active engines in role.
-func live(engines map[string]*engine, role string) (n int) {
+func live(engines map[string]*engine, role fleet.Role) (n int) {
 	for _, e := range engines {
-		if e.role == role && e.lifecycle == "active" {
+		if e.role == role && e.lifecycle == fleet.Active {
 			n++
 		}
 	}
@@ -485,6 +508,6 @@ type pendingEvent struct {
 	t         float64
 	seq       uint64
 	engine    string
-	from, to  string
+	from, to  fleet.Role
 	viaSwitch bool // made by the successful switch just before it
 }

@@ -147,6 +147,15 @@ func TestAuditBadLog(t *testing.T) {
 	if _, err := Audit(strings.NewReader(`{"kind":"decision","seq":1}`+"\n"), nil); err == nil {
 		t.Fatal("a log without config and snapshot passed")
 	}
+	// A role or a lifecycle the fleet does not have is a bad log, named with its line.
+	for _, bad := range []string{
+		move(1, 1, "e1", "prefill", "verify"),
+		`{"kind":"fleet","time_s":1,"event":"lifecycle","engine":"e1","from":"active","to":"sleeping","cause":"health"}` + "\n",
+	} {
+		if _, err := Audit(strings.NewReader(head+bad), nil); err == nil || !strings.Contains(err.Error(), "line 3") || !strings.Contains(err.Error(), "unknown") {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
 }
 
 // move, decision and mv write log lines; closed is an evidence window that has closed.

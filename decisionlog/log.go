@@ -39,7 +39,7 @@ func (l *Log) Snapshot(now time.Time, snap fleet.Snapshot) {
 	}
 	engines := make([]Engine, 0, len(snap.Engines))
 	for _, e := range snap.Engines {
-		engines = append(engines, Engine{ID: e.ID, Role: e.Role.String(), Lifecycle: e.Lifecycle.String(), Pinned: e.Pinned})
+		engines = append(engines, Engine{ID: e.ID, Role: e.Role, Lifecycle: e.Lifecycle, Pinned: e.Pinned})
 	}
 	l.write(&Fleet{Kind: KindFleet, TimeS: l.at(now), Event: Snapshot, Engines: engines})
 }

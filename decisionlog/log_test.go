@@ -172,7 +172,7 @@ func TestReadRejects(t *testing.T) {
 func fmtEngines(es []decisionlog.Engine) string {
 	var s []string
 	for _, e := range es {
-		s = append(s, e.ID+":"+e.Role+":"+e.Lifecycle)
+		s = append(s, e.ID+":"+e.Role.String()+":"+e.Lifecycle.String())
 	}
 	return strings.Join(s, " ")
 }

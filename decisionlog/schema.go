@@ -294,8 +294,8 @@ type Fleet struct {
 
 // Engine is one engine of a Snapshot.
 type Engine struct {
-	ID        string `json:"id"`
-	Role      string `json:"role"`
-	Lifecycle string `json:"lifecycle"`
-	Pinned    bool   `json:"pinned"`
+	ID        string          `json:"id"`
+	Role      fleet.Role      `json:"role"`
+	Lifecycle fleet.Lifecycle `json:"lifecycle"`
+	Pinned    bool            `json:"pinned"`
 }

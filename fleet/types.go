@@ -83,6 +83,15 @@ func (l Lifecycle) String() string {
 // MarshalText writes the lifecycle's name (JSON, logs).
 func (l Lifecycle) MarshalText() ([]byte, error) { return []byte(l.String()), nil }
 
+// UnmarshalText reads a lifecycle as MarshalText writes it (ParseLifecycle).
+func (l *Lifecycle) UnmarshalText(b []byte) error {
+	v, err := ParseLifecycle(string(b))
+	if err == nil {
+		*l = v
+	}
+	return err
+}
+
 // Lifecycles lists every lifecycle in a fixed order (metrics, reports).
 var Lifecycles = [...]Lifecycle{Active, Draining, Recovering, Failed, Switching}
 
