@@ -244,6 +244,9 @@ var onlyIn = map[string][]string{
 	// An engine's /metrics is read by engineclient's scanner alone (fuzzed against expfmt in
 	// its tests): no second parser in the running server.
 	"github.com/prometheus/common/expfmt": {},
+	// TLS is made from files in tlsfiles alone (listeners with reload and client checks,
+	// dialing); ha takes the etcd client's config made there.
+	"crypto/tls": {"tlsfiles", "ha"},
 }
 
 // The README's package table is the rule: every package of the module is in it, with a layer,
