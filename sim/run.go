@@ -43,7 +43,7 @@ type run struct {
 	events  eventHeap
 	next    int // the next trace request to arrive
 	handles map[router.Handle]int32
-	open    int              // requests admitted and not yet finished, failed or turned away
+	open    int           // requests admitted and not yet finished, failed or turned away
 	taken   router.Output // the router's output (settle)
 	out     []result
 	moves   []roleChange
