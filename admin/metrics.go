@@ -37,7 +37,7 @@ func NewMetrics(reg prometheus.Registerer, f *fleet.Fleet, version string) *Metr
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 		}, []string{"engine"}),
 		changes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "narwhal_fleet_changes_total", Help: "Fleet changes by kind (lifecycle, role, pin, hold, address).",
+			Name: "narwhal_fleet_changes_total", Help: "Fleet changes by kind (lifecycle, role, pin, hold, address, switch, added, removed, restored: a standby taking its leader's state).",
 		}, []string{"kind"}),
 		engines: prometheus.NewDesc("narwhal_engines",
 			"Engines by role and lifecycle.", []string{"role", "lifecycle"}, nil),

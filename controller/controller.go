@@ -1129,7 +1129,7 @@ func (c *Controller) readmit(s *state, e fleet.Engine) decisionlog.Decision {
 		d.Outcome = decisionlog.OutcomeRetained
 		d.Reason = fmt.Sprintf("%s readmitted as %s: worst %.3f as prefill, %.3f as decode", e.ID, e.Role, pp.Worst, pd.Worst)
 		if want != e.Role {
-			d.Reason = fmt.Sprintf("%s readmitted as %s; %s would price lower (worst %.3f as prefill, %.3f as decode), but the data path failed it twice while its probes passed: they do not see the engine (behind a sidecar, set engines[].health), and its role is not moved on their word",
+			d.Reason = fmt.Sprintf("%s readmitted as %s; %s would price lower (worst %.3f as prefill, %.3f as decode), but the data path failed it again while its probes passed: they do not see the engine (behind a sidecar, set engines[].health), and its role is not moved on their word",
 				e.ID, e.Role, want, pp.Worst, pd.Worst)
 		}
 		return c.advise(d, nil)

@@ -17,8 +17,8 @@ import (
 //     health.healthy_after consecutive successful probes (counted from the undrain);
 //   - a recovering engine whose probe succeeds health.recover_s or more after it began
 //     recovering is readmitted (active); one failed probe while recovering fails it again;
-//     one the data path failed n times with no failed probe since the first recovers n times
-//     as long, up to 5 minutes (recoverFor);
+//     one the data path failed n >= 2 times with no failed probe since the first recovers n
+//     times as long, up to 5 minutes (recoverFor), and an engine active 5 minutes starts over;
 //   - an engine an operator holds drained keeps draining whatever its probes say;
 //   - streaks count from the engine's last lifecycle change, whoever made it: an engine that
 //     passive health checking marked failed needs health.healthy_after good probes from then;
@@ -37,10 +37,13 @@ type Health struct {
 
 type streak struct {
 	ok, failed int
-	since      time.Time // the lifecycle change the streak counts from
+	// since and lc are the lifecycle change the streak counts from: when, and to what (a change
+	// made by someone else at the very instant of the core's own is still seen).
+	since time.Time
+	lc    fleet.Lifecycle
 	// unseen counts the times the engine was failed by someone other than the probes with no
 	// probe failing since the first (kept across the probes' own changes: recovering, then
-	// active).
+	// active; forgotten once the engine has stayed active maxBlindRecover).
 	unseen int
 }
 
@@ -89,17 +92,20 @@ func (h *Health) Observe(now time.Time, e fleet.Engine, ok bool) fleet.Lifecycle
 		s = &streak{}
 		h.streaks[e.ID] = s
 	}
-	if !s.since.Equal(e.LifecycleSince) {
+	if !s.since.Equal(e.LifecycleSince) || s.lc != e.Lifecycle {
 		unseen := 0
 		if e.Lifecycle == fleet.Failed {
 			unseen = s.unseen + 1
 		}
-		*s = streak{since: e.LifecycleSince, unseen: unseen}
+		*s = streak{since: e.LifecycleSince, lc: e.Lifecycle, unseen: unseen}
 	}
 	if ok {
 		s.ok, s.failed = s.ok+1, 0
 	} else {
 		s.ok, s.failed, s.unseen = 0, s.failed+1, 0
+	}
+	if e.Lifecycle == fleet.Active && now.Sub(s.since) >= maxBlindRecover {
+		s.unseen = 0 // long enough served without the data path failing it: start over
 	}
 	if e.Held {
 		*s = streak{}
@@ -107,7 +113,7 @@ func (h *Health) Observe(now time.Time, e fleet.Engine, ok bool) fleet.Lifecycle
 	}
 	to := h.next(&e, s, now)
 	if to != 0 {
-		s.since = now // the change the caller applies at now: the streak goes on
+		s.since, s.lc = now, to // the change the caller applies at now: the streak goes on
 	}
 	return to
 }
@@ -140,16 +146,18 @@ func Apply(h *Health, f *fleet.Fleet, now time.Time, id string, ok bool) (fleet.
 // default max_ejection_time.
 const maxBlindRecover = 300 * time.Second
 
-// recoverFor is how long the engine must recover before readmission: health.recover_s, times the
-// data path's failures of it with no failed probe since the first, up to maxBlindRecover (never
-// below recover_s), as Envoy's outlier detection lengthens each ejection. An engine its probes do
-// not see is then tried again less and less often, each try costing the requests that eject it.
+// recoverFor is how long the engine must recover before readmission: health.recover_s; for an
+// engine the data path failed n >= 2 times with no failed probe since the first, n times
+// recover_s (or the probe interval, when longer), up to maxBlindRecover — as Envoy's outlier
+// detection lengthens each ejection. An engine its probes do not see is then tried again less
+// and less often, each try costing the requests that eject it.
 func (h *Health) recoverFor(s *streak) time.Duration {
 	d := config.Seconds(h.cfg.RecoverS)
 	if s.unseen < 2 {
 		return d
 	}
-	return max(d, min(d*time.Duration(s.unseen), maxBlindRecover))
+	base := max(d, config.Seconds(h.cfg.IntervalS))
+	return max(d, min(base*time.Duration(s.unseen), maxBlindRecover))
 }
 
 // sight is what the probes are known to see of the engine they readmit (fleet.Sight).

@@ -422,3 +422,61 @@ func TestHealthBlindEngineRecoversLonger(t *testing.T) {
 		t.Fatalf("after 100 ejections: recovered in %v, want the cap %v", got, maxBlindRecover)
 	}
 }
+
+// A data-path failure at the very instant of the core's own readmission is still the data
+// path's: the streak starts over from it (healthy_after good probes before recovering), and it
+// counts toward blindness. An engine that then stays active five minutes without the data path
+// failing it starts over: one more failure finds it unconfirmed, not blind.
+func TestHealthStreakEdges(t *testing.T) {
+	cfg, f := testFleet(t)
+	h := NewHealth(cfg.Health)
+	now := t0
+	probe := func(ok bool) fleet.Lifecycle {
+		t.Helper()
+		now = now.Add(time.Second)
+		to, err := Apply(h, f, now, "e3", ok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return to
+	}
+	readmit := func() {
+		t.Helper()
+		for probe(true) != fleet.Active {
+		}
+	}
+	probe(true)
+	if _, err := f.Eject("e3", 3, now); err != nil {
+		t.Fatal(err)
+	}
+	readmit()
+	if _, err := f.Eject("e3", 3, now); err != nil { // the instant of the readmission
+		t.Fatal(err)
+	}
+	for i := 1; i <= cfg.Health.HealthyAfter; i++ {
+		to := probe(true)
+		if want := fleet.Lifecycle(0); i == cfg.Health.HealthyAfter {
+			want = fleet.Recovering
+			if to != want {
+				t.Fatalf("probe %d after the failure: %v, want recovering", i, to)
+			}
+		} else if to != want {
+			t.Fatalf("probe %d after a failure at the readmission's instant: %v; it must count %d good probes from it", i, to, cfg.Health.HealthyAfter)
+		}
+	}
+	readmit()
+	if e, _ := f.Engine("e3"); e.Sight != fleet.SightBlind {
+		t.Fatalf("readmitted %v after two data-path failures, want blind", e.Sight)
+	}
+	for end := now.Add(maxBlindRecover); now.Before(end); {
+		probe(true)
+	}
+	if _, err := f.Eject("e3", 3, now.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(time.Second)
+	readmit()
+	if e, _ := f.Engine("e3"); e.Sight != fleet.SightUnconfirmed {
+		t.Fatalf("readmitted %v after five minutes served and one failure, want unconfirmed", e.Sight)
+	}
+}

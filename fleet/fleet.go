@@ -443,10 +443,12 @@ func (f *Fleet) Restore(saved []Engine) (unknown []string, err error) {
 	defer f.deliver()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, s := range saved {
+	for _, s := range saved { // all checked before any is applied: nothing half restored
 		if (s.Role != Prefill && s.Role != Decode) || s.Lifecycle < Active || s.Lifecycle > Switching || s.SwitchTo > Decode {
 			return nil, fmt.Errorf("%w: engine %s: saved role %v, lifecycle %v", ErrTransition, s.ID, s.Role, s.Lifecycle)
 		}
+	}
+	for _, s := range saved {
 		i, ok := f.index[s.ID]
 		switch {
 		case !ok && (s.Source == "" || s.Source == SourceConfig):

@@ -53,13 +53,12 @@ type Engine struct {
 	LifecycleSince time.Time `json:"lifecycle_since"`
 	Pinned         bool      `json:"pinned"`
 	Held           bool      `json:"held"`
-	// SwitchTo, SwitchCause, SwitchDecision and SwitchOperator: an in-place role switch under
-	// way (lifecycle switching), the role it goes to, who started it (as its events say it),
-	// and the decision or the operator's source that did; a restart resumes it.
+	// SwitchTo, SwitchCause and SwitchDecision: an in-place role switch under way (lifecycle
+	// switching), the role it goes to, who started it (fleet.Mover's cause: "decision N" or
+	// "operator (source)") and the decision that did; a restart resumes it.
 	SwitchTo       string            `json:"switch_to,omitempty"`
 	SwitchCause    string            `json:"switch_cause,omitempty"`
 	SwitchDecision uint64            `json:"switch_decision,omitempty"`
-	SwitchOperator string            `json:"switch_operator,omitempty"`
 	Correction     router.Correction `json:"correction"`
 	// An engine that joined at run time (docs/discovery.md) carries its membership: the source
 	// that added it, its address, profile and switch method, and whether its role is still the
@@ -83,7 +82,7 @@ func Capture(snap fleet.Snapshot, c controller.Durable, loads []router.EngineLoa
 		se := Engine{
 			ID: e.ID, Role: e.Role.String(), RoleSince: e.RoleSince.UTC(), Moved: e.Moved,
 			Lifecycle: e.Lifecycle.String(), LifecycleSince: e.LifecycleSince.UTC(),
-			Pinned: e.Pinned, Held: e.Held, SwitchDecision: e.SwitchBy.Decision, SwitchOperator: e.SwitchBy.Operator, Correction: corr[e.ID],
+			Pinned: e.Pinned, Held: e.Held, SwitchDecision: e.SwitchBy.Decision, Correction: corr[e.ID],
 		}
 		if e.SwitchTo != 0 {
 			se.SwitchTo, se.SwitchCause = e.SwitchTo.String(), e.SwitchBy.Cause()
@@ -121,7 +120,7 @@ func (f *File) Fleet() ([]fleet.Engine, error) {
 			return nil, fmt.Errorf("engines[%d] (%s): added by %s without an address or a profile", i, e.ID, source)
 		}
 		out = append(out, fleet.Engine{ID: e.ID, Role: role, RoleSince: e.RoleSince, Moved: e.Moved,
-			Lifecycle: lc, LifecycleSince: e.LifecycleSince, Pinned: e.Pinned, Held: e.Held, SwitchTo: to, SwitchBy: fleet.Mover{Decision: e.SwitchDecision, Operator: e.SwitchOperator},
+			Lifecycle: lc, LifecycleSince: e.LifecycleSince, Pinned: e.Pinned, Held: e.Held, SwitchTo: to, SwitchBy: switchedBy(e.SwitchDecision, e.SwitchCause),
 			Source: source, Address: e.Address, Profile: e.Profile, InPlace: e.InPlace, RoleOpen: e.RoleOpen})
 	}
 	return out, nil
@@ -201,7 +200,7 @@ func Decode(data []byte, name string) (*File, error) {
 	if err := dec.Decode(&f); err != nil {
 		return nil, fmt.Errorf("%s: not a Narwhal state (%v); move it away, or start with --reset-state", name, err)
 	}
-	if f.Version == 1 || f.Version == Version {
+	if f.Version == 1 {
 		upgrade(&f)
 	}
 	if f.Version != Version {
@@ -213,24 +212,27 @@ func Decode(data []byte, name string) (*File, error) {
 	return &f, nil
 }
 
-// upgrade reads who started a switch under way from its cause's text where an older build kept
-// it only there: version 1 the decision ("decision N", as fleet.DecisionCause writes it, becomes
-// switch_decision), version 2 before switch_operator the operator ("operator (source)", as
-// fleet.Mover writes it, becomes switch_operator), so that the role event ending the switch says
-// who made it. A version-1 state becomes version 2.
+// upgrade makes a version-1 state version 2: the decision of a switch under way, which version 1
+// kept only in its cause's text ("decision N", the form fleet.DecisionCause writes), becomes
+// switch_decision, so that the role event ending the switch names it.
 func upgrade(f *File) {
 	for i := range f.Engines {
 		e := &f.Engines[i]
-		if e.SwitchDecision != 0 || e.SwitchOperator != "" {
-			continue
-		}
-		if n, ok := strings.CutPrefix(e.SwitchCause, "decision "); ok {
+		if n, ok := strings.CutPrefix(e.SwitchCause, "decision "); ok && e.SwitchDecision == 0 {
 			e.SwitchDecision, _ = strconv.ParseUint(n, 10, 64)
-		} else if src, ok := strings.CutPrefix(e.SwitchCause, "operator ("); ok {
-			e.SwitchOperator = strings.TrimSuffix(src, ")")
 		}
 	}
 	f.Version = Version
+}
+
+// switchedBy is who started a saved switch: its decision, else the operator its cause names
+// ("operator (source)", as fleet.Mover writes it) — read from the durable text in this one place,
+// so that a state any schema-2 build wrote reads the same in every schema-2 build.
+func switchedBy(decision uint64, cause string) fleet.Mover {
+	if src, ok := strings.CutPrefix(cause, "operator ("); ok && decision == 0 {
+		return fleet.Mover{Operator: strings.TrimSuffix(src, ")")}
+	}
+	return fleet.Mover{Decision: decision}
 }
 
 // Encode writes f as a state document.

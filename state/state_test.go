@@ -329,25 +329,34 @@ func TestUpgradeFromVersion1(t *testing.T) {
 	}
 }
 
-// A version-2 state written before switch_operator, with an operator's switch under way, is read
-// with the operator from its cause's text: the role event ending the switch says an operator
-// made it (so that discovery does not write the role back to its source).
-func TestUpgradeOperatorSwitch(t *testing.T) {
-	v2 := `{"version": 2, "written": "2026-12-01T00:00:00Z", "engines": [` +
-		`{"id": "a", "role": "prefill", "role_since": "2026-12-01T00:00:00Z", "moved": false, "lifecycle": "switching", "lifecycle_since": "2026-12-01T00:00:00Z", "pinned": false, "held": false, "switch_to": "decode", "switch_cause": "operator (kubernetes)", "correction": {"prefill": 1, "decode": 1, "prefill_samples": 0, "decode_samples": 0}, "in_place": true}], ` +
-		`"controller": {"seq": 7, "confirmations": {"prefill_expand": 0, "prefill_consolidate": 0, "decode_expand": 0, "decode_consolidate": 0}, "evidence_window": {"opened_at": "2026-12-01T00:00:00Z", "arrivals": 0, "closed": false}}}`
-	f, err := Decode([]byte(v2), "v2")
+// An operator's in-place switch under way survives a restart: the role event ending it says an
+// operator made it (so that discovery does not write the role back to its source), from the
+// state's switch_cause, the form every schema-2 build writes and reads.
+func TestOperatorSwitchAcrossARestart(t *testing.T) {
+	cfg := &config.Config{Engines: []config.Engine{
+		{ID: "a", Address: "10.0.0.1:8000", Role: "prefill", Switch: config.SwitchSGLang},
+		{ID: "b", Address: "10.0.0.2:8000", Role: "decode"},
+	}}
+	f, err := fleet.New(cfg, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	engines, err := f.Fleet()
+	if _, err := f.Relabel("a", fleet.Decode, t0.Add(time.Minute), "kubernetes"); err != nil {
+		t.Fatal(err)
+	}
+	data, err := Encode(Capture(f.Snapshot(), controller.Durable{}, nil, t0.Add(time.Minute)))
+	if err != nil || !strings.Contains(string(data), `"switch_cause": "operator (kubernetes)"`) {
+		t.Fatalf("written: %v\n%s", err, data)
+	}
+	file, err := Decode(data, "state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	engines, err := file.Fleet()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if by := engines[0].SwitchBy; by != (fleet.Mover{Operator: "kubernetes"}) {
 		t.Fatalf("switch started by %+v, want the operator at kubernetes", by)
-	}
-	if data, err := Encode(f); err != nil || !strings.Contains(string(data), `"switch_operator": "kubernetes"`) {
-		t.Fatalf("written again: %v\n%s", err, data)
 	}
 }

@@ -188,18 +188,22 @@ func blindReadmission(t *testing.T, f *pdFleet) {
 		} `json:"decisions"`
 	}
 	var st view
+	var readmissions []string
 	if !poll.Within(30*time.Second, func() bool {
 		var err error
-		st, err = getStateAs[view](admin)
-		return err == nil && st.Engines[2].Lifecycle == "active" && st.Engines[2].Sight == "blind"
-	}) {
-		t.Fatalf("e3 not readmitted blind: %+v", st.Engines)
-	}
-	var readmissions []string
-	for _, d := range st.Decisions {
-		if d.Caller == "readmission" && strings.HasPrefix(d.Reason, "e3 readmitted") {
-			readmissions = append(readmissions, d.Outcome+": "+d.Reason)
+		if st, err = getStateAs[view](admin); err != nil {
+			return false
 		}
+		readmissions = readmissions[:0]
+		for _, d := range st.Decisions {
+			if d.Caller == "readmission" && strings.HasPrefix(d.Reason, "e3 readmitted") {
+				readmissions = append(readmissions, d.Outcome+": "+d.Reason)
+			}
+		}
+		// The controller decides on each readmission at its next pass: wait for the blind one's.
+		return st.Engines[2].Lifecycle == "active" && st.Engines[2].Sight == "blind" && len(readmissions) >= 2
+	}) {
+		t.Fatalf("e3 not readmitted blind with its decision: %+v, readmissions %q", st.Engines, readmissions)
 	}
 	t.Logf("d1 killed under 20 req/s: %d of %d requests served, statuses %v; e3 readmitted %d times: %q", sum.OK, sum.Sent, sum.Statuses, len(readmissions), readmissions)
 	// The first readmission (unconfirmed) may move its role; every one after is blind.
