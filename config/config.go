@@ -511,6 +511,18 @@ type Profile struct {
 	PrefillConcurrency int           `yaml:"prefill_concurrency" json:"prefill_concurrency"`
 	Decode             *DecodeCurve  `yaml:"decode" json:"decode,omitempty"`
 	KVTransferS        float64       `yaml:"kv_transfer_s" json:"kv_transfer_s"`
+	// ChunkedPrefill says how the engine prefills a prompt that reaches it unprefilled: in
+	// chunks beside its decode batch, as vLLM V1 does by default, or in one step while its
+	// decode batch waits.
+	ChunkedPrefill ChunkedPrefill `yaml:"chunked_prefill" json:"chunked_prefill"`
+}
+
+// ChunkedPrefill is an engine's per-step token budget (vLLM's max_num_batched_tokens; 0:
+// unchunked): every step carries one token for each decoding stream first, and a chunk of the
+// prompt being prefilled in what is left; the chunk adds its share of the prefill curve to the
+// step.
+type ChunkedPrefill struct {
+	BudgetTokens int `yaml:"budget_tokens" json:"budget_tokens"`
 }
 
 // PrefillCurve gives the seconds to prefill one prompt of N tokens alone:

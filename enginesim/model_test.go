@@ -33,13 +33,21 @@ func (m *modelEvents) Finished(id uint64, at time.Time, n int) {
 // NARWHAL_REALTIME=1 (make check-long: on a quiet machine, since it times a real server) it
 // also checks what the clients saw: TTFTs and mean TPOTs within a few percent of the Model's
 // (the server adds loopback HTTP and timer lateness, about a millisecond).
+// Chunked (a budget of 512 tokens: a prompt in two chunks beside the batch), likewise.
 func TestModelMatchesTheServer(t *testing.T) {
+	chunked := config.DefaultProfile()
+	chunked.ChunkedPrefill = config.ChunkedPrefill{BudgetTokens: 512}
+	for name, prof := range map[string]config.Profile{"unchunked": config.DefaultProfile(), "chunked": chunked} {
+		t.Run(name, func(t *testing.T) { modelMatchesTheServer(t, prof) })
+	}
+}
+
+func modelMatchesTheServer(t *testing.T, prof config.Profile) {
 	const (
 		n      = 12
 		prompt = 1000 // tokens: 4,000 bytes
 		output = 40
 	)
-	prof := config.DefaultProfile()
 	e := New(Options{Profile: prof, Model: "m"})
 	rec := &lockedRecorder{}
 	e.loop.setTracer(rec) // the engine's own arrival times: TTFT is counted from them

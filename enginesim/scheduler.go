@@ -33,6 +33,10 @@ type job struct {
 	explicit  bool     // output came from max_tokens/max_completion_tokens (finish "length"), not the draw ("stop")
 	prefilled bool     // KV came from a remote prefiller: join the batch without a local prefill
 	prefix    []uint64 // chained hashes of the prompt's prefix blocks (the virtual-time Model's prefix cache)
+	// A chunked prefill (scheduler.budget): the prompt tokens to compute (past the prefix cache's
+	// hit), those computed so far, and the job's prefill noise factor.
+	need, computed int
+	factor         float64
 
 	state     jobState
 	generated int
@@ -93,6 +97,7 @@ const (
 	stepIdle stepKind = iota
 	stepPrefill
 	stepDecode
+	stepHybrid // a decode step (possibly of no stream) with a chunk of a prompt beside it
 )
 
 // stepRecord describes one step, for tests and benchmarks.
@@ -102,8 +107,8 @@ type stepRecord struct {
 	start, end   time.Time
 	streams      int    // decode: resident streams at the step's start
 	kvTokens     int    // decode: resident KV tokens at the step's start
-	promptTokens int    // prefill: the prompt's tokens
-	jobID        uint64 // prefill: the job prefilled (FIFO order)
+	promptTokens int    // prefill: the prompt's tokens; hybrid: the chunk's
+	jobID        uint64 // prefill, hybrid: the job prefilled (FIFO order)
 }
 
 // jobRecord describes one request that left the engine, for tests and benchmarks.
@@ -149,16 +154,23 @@ type snapshot struct {
 
 // scheduler is the engine's timing core: a deterministic state machine with no goroutines,
 // no clock and no I/O. Time comes in as arguments; advance returns when it next needs to be
-// called. It models vLLM without chunked prefill: a FIFO queue; admission limited by
-// max_streams and max_kv_tokens (a request reserves prompt+output tokens when admitted, so
-// nothing is ever preempted); prompts prefilled one at a time, each step producing the
-// request's first token; continuous batching of decode steps; prefill before decode at every
-// step boundary.
+// called. It models vLLM: a FIFO queue; admission limited by max_streams and max_kv_tokens (a
+// request reserves prompt+output tokens when admitted, so nothing is ever preempted);
+// continuous batching of decode steps; prompts prefilled one at a time, either
+//   - unchunked (no budget): each prompt in one step that gives its first token, before the
+//     decode batch's next step (the batch waits);
+//   - chunked (budget, profiles.X.chunked_prefill): every step carries the batch's tokens first
+//     and a chunk of the prompt in what is left of the budget, the chunk adding its share of
+//     the prefill curve to the step (so the residents' TPOT grows while a prompt is chunked
+//     in); the last chunk's step gives its first token. A prompt behind it waits its turn; a
+//     request whose KV was prefilled elsewhere joins the batch at once.
 type scheduler struct {
 	prefill    *config.PrefillCurve
 	decode     *config.DecodeCurve
 	maxStreams int // 0: unlimited
 	maxKV      int // 0: unlimited
+	budget     int // tokens a step carries (chunked prefill); 0: unchunked
+	chunk      int // the prompt tokens of the hybrid step in progress
 	sigma      float64
 	// The prefill noise of a job is drawn from a source seeded by (noiseSeed, the job's id):
 	// the same job gets the same factor on whichever engine of the same seed prefills it, so
@@ -204,6 +216,7 @@ func newScheduler(p config.Profile, sigma float64, seed int64) *scheduler {
 	if p.Decode != nil {
 		s.maxStreams, s.maxKV = p.Decode.MaxStreams, p.Decode.MaxKVTokens
 	}
+	s.budget = p.ChunkedPrefill.BudgetTokens
 	return s
 }
 
@@ -223,7 +236,7 @@ func (s *scheduler) clone(events jobEvents) *scheduler {
 			return n
 		}
 		n := &job{id: j.id, prompt: j.prompt, output: j.output, explicit: j.explicit, prefilled: j.prefilled, prefix: j.prefix,
-			state: j.state, generated: j.generated, arrival: j.arrival, batchIdx: j.batchIdx,
+			need: j.need, computed: j.computed, factor: j.factor, state: j.state, generated: j.generated, arrival: j.arrival, batchIdx: j.batchIdx,
 			joinStep: j.joinStep, finishAt: j.finishAt, genAtJoin: j.genAtJoin,
 			firstStep: j.firstStep, secondStep: j.secondStep, lastStep: j.lastStep}
 		jobs[j] = n
@@ -324,6 +337,9 @@ func (s *scheduler) advance(now time.Time) (next time.Time, busy bool) {
 func (s *scheduler) begin(prevEnd, now time.Time) bool {
 	for len(s.queue) > 0 {
 		h := s.queue[0]
+		if !h.prefilled && s.prefilling != nil {
+			break // chunked: one prompt at a time, and nothing overtakes the next
+		}
 		if !s.fits(h) {
 			break // strict FIFO: nothing overtakes a head that does not fit
 		}
@@ -338,13 +354,34 @@ func (s *scheduler) begin(prevEnd, now time.Time) bool {
 		h.state = jobPrefilling
 		h.publish()
 		s.prefilling = h
-		secs := s.prefill.Seconds(h.prompt - s.cache.hit(h.prefix, h.prompt))
+		h.need, h.computed, h.factor = h.prompt-s.cache.hit(h.prefix, h.prompt), 0, 1
 		if s.sigma > 0 {
 			s.noiseSrc.Seed(s.noiseSeed^0x6e6f697365, h.id) // "noise"
-			secs *= math.Exp(s.sigma * s.noise.NormFloat64())
+			h.factor = math.Exp(s.sigma * s.noise.NormFloat64())
 		}
-		s.startStep(stepPrefill, prevEnd, now, secs)
+		if s.budget > 0 {
+			h.need = max(h.need, 1) // the last prompt token is computed, whatever the cache holds
+			continue                // chunked: the steps below carry it
+		}
+		s.startStep(stepPrefill, prevEnd, now, s.prefill.Seconds(h.need)*h.factor)
 		s.stepRec.promptTokens, s.stepRec.jobID = h.prompt, h.id
+		return true
+	}
+	if j := s.prefilling; j != nil && s.budget > len(s.batch) {
+		s.chunk = min(j.need-j.computed, s.budget-len(s.batch))
+		// The chunk's share of the prefill curve: tokens [computed, computed+chunk) of
+		// BaseS + a·N + b·N²; the step's fixed cost is the decode step's, or the curve's base
+		// when no stream decodes.
+		c, k, p := float64(j.computed), float64(s.chunk), s.prefill
+		secs := (p.PerTokenS*k + p.PerToken2S*((c+k)*(c+k)-c*c)) * j.factor
+		if len(s.batch) > 0 {
+			secs += s.decode.StepSeconds(len(s.batch), s.batchKV)
+		} else {
+			secs += p.BaseS * j.factor
+		}
+		s.startStep(stepHybrid, prevEnd, now, secs)
+		s.stepRec.streams, s.stepRec.kvTokens = len(s.batch), s.batchKV
+		s.stepRec.promptTokens, s.stepRec.jobID = s.chunk, j.id
 		return true
 	}
 	if len(s.batch) > 0 {
@@ -390,59 +427,78 @@ func (s *scheduler) completeStep() {
 	}
 	switch s.step {
 	case stepPrefill:
-		j := s.prefilling
-		s.prefilling = nil
-		if j == nil {
-			break // cancelled during its prefill
+		if j := s.prefilling; j != nil { // nil: cancelled during its prefill
+			s.prefilling = nil
+			s.firstToken(j, seq)
 		}
-		s.counts.promptTokens += uint64(j.prompt)
-		s.counts.generationTokens++
-		j.generated = 1
-		j.firstStep, j.lastStep = seq, seq
-		if s.events != nil {
-			s.events.firstToken(j, s.stepEnd)
-		}
-		if j.generated >= j.output {
-			s.reserved -= j.prompt + j.output
-			s.end(j, jobFinished)
-			break
-		}
-		s.joinBatch(j)
-		j.publish()
 	case stepDecode:
-		s.counts.generationTokens += uint64(len(s.batch))
-		if s.lazy {
-			s.lazyStep()
-			break
+		s.decodeStep(seq)
+	case stepHybrid:
+		if len(s.batch) > 0 {
+			s.decodeStep(seq)
 		}
-		keep := s.batch[:0]
-		for _, j := range s.batch {
-			j.generated++
-			s.batchKV++
-			switch j.generated {
-			case 1:
-				j.firstStep = seq
-				if s.events != nil {
-					s.events.firstToken(j, s.stepEnd)
-				}
-			case 2:
-				j.secondStep = seq
+		if j := s.prefilling; j != nil { // nil: cancelled during its chunk
+			if j.computed += s.chunk; j.computed >= j.need {
+				s.prefilling = nil
+				s.firstToken(j, seq)
 			}
-			j.lastStep = seq
-			if j.generated >= j.output {
-				s.batchKV -= j.prompt + j.generated
-				s.reserved -= j.prompt + j.output
-				s.end(j, jobFinished)
-				continue
-			}
-			j.batchIdx = len(keep)
-			keep = append(keep, j)
-			j.publish()
 		}
-		clear(s.batch[len(keep):])
-		s.batch = keep
 	}
 	s.step = stepIdle
+}
+
+// firstToken ends j's prefill in step seq: its first token, then the decode batch (or its end,
+// when it wanted one token).
+func (s *scheduler) firstToken(j *job, seq uint64) {
+	s.counts.promptTokens += uint64(j.prompt)
+	s.counts.generationTokens++
+	j.generated = 1
+	j.firstStep, j.lastStep = seq, seq
+	if s.events != nil {
+		s.events.firstToken(j, s.stepEnd)
+	}
+	if j.generated >= j.output {
+		s.reserved -= j.prompt + j.output
+		s.end(j, jobFinished)
+		return
+	}
+	s.joinBatch(j)
+	j.publish()
+}
+
+// decodeStep gives every resident of the batch one more token in step seq; those done leave.
+func (s *scheduler) decodeStep(seq uint64) {
+	s.counts.generationTokens += uint64(len(s.batch))
+	if s.lazy {
+		s.lazyStep()
+		return
+	}
+	keep := s.batch[:0]
+	for _, j := range s.batch {
+		j.generated++
+		s.batchKV++
+		switch j.generated {
+		case 1:
+			j.firstStep = seq
+			if s.events != nil {
+				s.events.firstToken(j, s.stepEnd)
+			}
+		case 2:
+			j.secondStep = seq
+		}
+		j.lastStep = seq
+		if j.generated >= j.output {
+			s.batchKV -= j.prompt + j.generated
+			s.reserved -= j.prompt + j.output
+			s.end(j, jobFinished)
+			continue
+		}
+		j.batchIdx = len(keep)
+		keep = append(keep, j)
+		j.publish()
+	}
+	clear(s.batch[len(keep):])
+	s.batch = keep
 }
 
 // joinBatch makes j a decoding resident. The caller publishes.

@@ -286,3 +286,153 @@ func TestSchedulerFailAll(t *testing.T) {
 		t.Errorf("after failAll: %+v", sn)
 	}
 }
+
+// runTo advances s to the end of its work, calling advance at each deadline.
+func runTo(s *scheduler, now time.Time) time.Time {
+	for {
+		next, busy := s.advance(now)
+		if !busy {
+			return now
+		}
+		now = next
+	}
+}
+
+// chunkedProfile is coreProfile with a step budget of budget tokens (vLLM's
+// max_num_batched_tokens).
+func chunkedProfile(budget int) config.Profile {
+	p := coreProfile(0, 0)
+	p.ChunkedPrefill = config.ChunkedPrefill{BudgetTokens: budget}
+	return p
+}
+
+// A prompt that reaches an engine with a decode batch: unchunked, the batch waits the whole
+// prefill (one 110 ms step, no token for the residents); chunked at a budget of 40 tokens,
+// every step carries the batch's two tokens and a 38-token chunk (2 ms + 2×1 ms + 38 ms = 42 ms
+// against a 4 ms decode step), so the residents keep decoding but their TPOT grows while the
+// prompt is chunked in, and its first token comes with its last chunk (38 + 38 + 24).
+func TestSchedulerChunkedPrefillBesideTheBatch(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		prof   config.Profile
+		steps  []stepRecord // from the prompt's arrival on; end - start in ms in kvTokens
+		firstS float64      // the prompt's first token, ms from its first step's start
+	}{
+		{"unchunked", coreProfile(0, 0), []stepRecord{
+			{kind: stepPrefill, promptTokens: 100, kvTokens: 110},
+			{kind: stepDecode, streams: 3, kvTokens: 5},
+		}, 110},
+		{"chunked", chunkedProfile(40), []stepRecord{
+			{kind: stepHybrid, streams: 2, promptTokens: 38, kvTokens: 42},
+			{kind: stepHybrid, streams: 2, promptTokens: 38, kvTokens: 42},
+			{kind: stepHybrid, streams: 2, promptTokens: 24, kvTokens: 28},
+			{kind: stepDecode, streams: 3, kvTokens: 5},
+		}, 42 + 42 + 28},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s, rec := newTestScheduler(c.prof)
+			s.submit(newJob(1, 10, 1000, true, true), t0) // prefilled elsewhere: residents at once
+			s.submit(newJob(2, 10, 1000, true, true), t0)
+			now := s.stepEnd
+			s.advance(now) // the first decode step ends; the next begins
+			arrival := now.Add(time.Millisecond)
+			p := newJob(3, 100, 2, true, false)
+			s.submit(p, arrival)
+			for p.generated == 0 || len(rec.steps) == 0 || !rec.steps[len(rec.steps)-1].start.After(arrival) || rec.steps[len(rec.steps)-1].kind != stepDecode {
+				next, _ := s.advance(now)
+				now = next
+			}
+			var got []stepRecord
+			for _, st := range rec.steps {
+				if st.start.After(arrival) {
+					got = append(got, st)
+				}
+			}
+			if len(got) != len(c.steps) {
+				t.Fatalf("%d steps after the arrival (%+v), want %d", len(got), got, len(c.steps))
+			}
+			for i, w := range c.steps {
+				g := got[i]
+				if took := g.end.Sub(g.start); g.kind != w.kind || g.streams != w.streams || g.promptTokens != w.promptTokens ||
+					(took-time.Duration(w.kvTokens)*time.Millisecond).Abs() > time.Microsecond {
+					t.Errorf("step %d: kind %d streams %d chunk %d took %v; want kind %d streams %d chunk %d took %d ms",
+						i, g.kind, g.streams, g.promptTokens, took, w.kind, w.streams, w.promptTokens, w.kvTokens)
+				}
+			}
+			first := got[len(got)-2].end.Sub(got[0].start)
+			if want := time.Duration(c.firstS * float64(time.Millisecond)); (first - want).Abs() > time.Microsecond {
+				t.Errorf("first token %v after the prompt's first step began, want %v", first, want)
+			}
+		})
+	}
+}
+
+// Alone (no stream decoding), a chunked prompt costs the prefill curve's base every step and its
+// per-token share once: 250 tokens at a budget of 100 are three steps of 10 + 100, 10 + 100 and
+// 10 + 50 ms (280 ms), against one step of 260 ms unchunked. A quadratic term splits by the
+// tokens each chunk adds to the prompt so far.
+func TestSchedulerChunkedPrefillAlone(t *testing.T) {
+	s, rec := newTestScheduler(chunkedProfile(100))
+	p := newJob(1, 250, 1, true, false)
+	s.submit(p, t0)
+	if end := runTo(s, t0); end != ms(280) || p.state != jobFinished || len(rec.steps) != 3 {
+		t.Fatalf("ended at %v in %d steps (%v), want 280 ms in 3", end.Sub(t0), len(rec.steps), p.state)
+	}
+	quad := chunkedProfile(100)
+	quad.Prefill = &config.PrefillCurve{BaseS: 0.010, PerTokenS: 0.001, PerToken2S: 1e-6}
+	s, rec = newTestScheduler(quad)
+	s.submit(newJob(1, 250, 1, true, false), t0)
+	runTo(s, t0)
+	var total time.Duration
+	for _, st := range rec.steps {
+		total += st.end.Sub(st.start)
+	}
+	// 3 bases + 250 ms + 250² µs, each step its own rounding to the nanosecond.
+	if want := 30*time.Millisecond + 250*time.Millisecond + 62500*time.Microsecond; (total - want).Abs() > 3*time.Nanosecond {
+		t.Errorf("chunks took %v, want %v", total, want)
+	}
+}
+
+// Chunked, a prompt behind the one being chunked waits its turn, while a request prefilled
+// elsewhere joins the batch at once; a prompt cancelled while it is chunked in leaves after the
+// step under way and holds nothing; a full batch leaves no budget for a chunk, and the prompt
+// waits for room.
+func TestSchedulerChunkedPrefillOrderAndCancel(t *testing.T) {
+	s, _ := newTestScheduler(chunkedProfile(20))
+	long, next := newJob(1, 100, 5, true, false), newJob(2, 10, 5, true, false)
+	s.submit(long, t0)
+	s.submit(next, t0)
+	if long.state != jobPrefilling || next.state != jobQueued {
+		t.Fatalf("long %v, next %v: one prompt is chunked at a time", long.state, next.state)
+	}
+	remote := newJob(3, 50, 5, true, true)
+	s.submit(remote, t0)
+	if next.state != jobQueued || remote.state != jobQueued {
+		t.Fatalf("remote %v: nothing overtakes the prompt waiting its turn", remote.state)
+	}
+	s.cancel(long, ms(1))
+	if s.prefilling != nil || s.reserved != 0 || s.snapshot().running != 0 {
+		t.Fatalf("cancelled while chunked: prefilling %v reserved %d", s.prefilling, s.reserved)
+	}
+	runTo(s, ms(1))
+	if next.state != jobFinished || remote.state != jobFinished || s.reserved != 0 {
+		t.Fatalf("next %v, remote %v, reserved %d: want both finished, nothing held", next.state, remote.state, s.reserved)
+	}
+
+	// A budget the batch fills: the prompt waits for room.
+	s, rec := newTestScheduler(chunkedProfile(2))
+	r1, r2 := newJob(1, 10, 3, true, true), newJob(2, 10, 3, true, true)
+	s.submit(r1, t0)
+	s.submit(r2, t0)
+	p := newJob(3, 10, 1, true, false)
+	s.submit(p, t0)
+	runTo(s, t0)
+	for i, st := range rec.steps {
+		if st.kind == stepHybrid && st.streams >= 2 {
+			t.Fatalf("step %d carried a chunk beside %d streams at a budget of 2", i, st.streams)
+		}
+	}
+	if p.state != jobFinished {
+		t.Fatalf("the prompt %v after the batch left", p.state)
+	}
+}
