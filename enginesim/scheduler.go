@@ -34,9 +34,10 @@ type job struct {
 	prefilled bool     // KV came from a remote prefiller: join the batch without a local prefill
 	prefix    []uint64 // chained hashes of the prompt's prefix blocks (the virtual-time Model's prefix cache)
 	// A chunked prefill (scheduler.budget): the prompt tokens to compute (past the prefix cache's
-	// hit), those computed so far, and the job's prefill noise factor.
-	need, computed int
-	factor         float64
+	// hit), those computed so far, those of the step in progress, and the job's prefill noise
+	// factor.
+	need, computed, chunk int
+	factor                float64
 
 	state     jobState
 	generated int
@@ -159,18 +160,19 @@ type snapshot struct {
 // continuous batching of decode steps; prompts prefilled one at a time, either
 //   - unchunked (no budget): each prompt in one step that gives its first token, before the
 //     decode batch's next step (the batch waits);
-//   - chunked (budget, profiles.X.chunked_prefill): every step carries the batch's tokens first
-//     and a chunk of the prompt in what is left of the budget, the chunk adding its share of
-//     the prefill curve to the step (so the residents' TPOT grows while a prompt is chunked
-//     in); the last chunk's step gives its first token. A prompt behind it waits its turn; a
-//     request whose KV was prefilled elsewhere joins the batch at once.
+//   - chunked (budget, profiles.X.chunked_prefill), as vLLM V1: every step carries the batch's
+//     tokens first, then chunks of the prompts being prefilled, in FIFO order, in what is left
+//     of the budget (a prompt is admitted while the budget has room past those before it), each
+//     chunk adding its share of the prefill curve to the step (so the residents' TPOT grows
+//     while prompts are chunked in); a prompt's last chunk gives its first token. A request
+//     whose KV was prefilled elsewhere joins the batch when its turn comes.
 type scheduler struct {
 	prefill    *config.PrefillCurve
 	decode     *config.DecodeCurve
-	maxStreams int // 0: unlimited
-	maxKV      int // 0: unlimited
-	budget     int // tokens a step carries (chunked prefill); 0: unchunked
-	chunk      int // the prompt tokens of the hybrid step in progress
+	maxStreams int    // 0: unlimited
+	maxKV      int    // 0: unlimited
+	budget     int    // tokens a step carries (chunked prefill); 0: unchunked
+	chunking   []*job // chunked: the prompts being prefilled, in admission order
 	sigma      float64
 	// The prefill noise of a job is drawn from a source seeded by (noiseSeed, the job's id):
 	// the same job gets the same factor on whichever engine of the same seed prefills it, so
@@ -251,6 +253,7 @@ func (s *scheduler) clone(events jobEvents) *scheduler {
 	}
 	c.queue, c.batch, c.finishing, c.fresh = each(s.queue), each(s.batch), each(s.finishing), each(s.fresh)
 	c.prefilling = cp(s.prefilling)
+	c.chunking = each(s.chunking)
 	c.cache = s.cache.clone()
 	return &c
 }
@@ -278,7 +281,10 @@ func (s *scheduler) cancel(j *job, now time.Time) (next time.Time, busy bool) {
 		}
 	case jobPrefilling:
 		// The device finishes the step it started; the request no longer holds anything.
-		s.prefilling = nil
+		if s.prefilling == j {
+			s.prefilling = nil
+		}
+		s.chunking = deleteJob(s.chunking, j)
 		s.reserved -= j.prompt + j.output
 		s.end(j, jobCancelled)
 	case jobDecoding:
@@ -299,6 +305,11 @@ func (s *scheduler) failAll() {
 		s.prefilling = nil
 		s.end(j, jobFailed)
 	}
+	for _, j := range s.chunking {
+		s.end(j, jobFailed)
+	}
+	clear(s.chunking)
+	s.chunking = s.chunking[:0]
 	for _, j := range s.batch {
 		s.end(j, jobFailed)
 	}
@@ -335,55 +346,28 @@ func (s *scheduler) advance(now time.Time) (next time.Time, busy bool) {
 // begin chooses and starts the next step after prevEnd. It returns false when there is
 // nothing to do.
 func (s *scheduler) begin(prevEnd, now time.Time) bool {
+	if s.budget > 0 {
+		return s.beginChunked(prevEnd, now)
+	}
 	for len(s.queue) > 0 {
-		h := s.queue[0]
-		if !h.prefilled && s.prefilling != nil {
-			break // chunked: one prompt at a time, and nothing overtakes the next
-		}
-		if !s.fits(h) {
+		if !s.fits(s.queue[0]) {
 			break // strict FIFO: nothing overtakes a head that does not fit
 		}
-		s.queue[0] = nil
-		s.queue = s.queue[1:]
-		s.reserved += h.prompt + h.output
-		if h.prefilled {
-			s.joinBatch(h)
-			h.publish()
+		h, prompt := s.admit()
+		if !prompt {
 			continue
 		}
-		h.state = jobPrefilling
-		h.publish()
 		s.prefilling = h
-		h.need, h.computed, h.factor = h.prompt-s.cache.hit(h.prefix, h.prompt), 0, 1
-		if s.sigma > 0 {
-			s.noiseSrc.Seed(s.noiseSeed^0x6e6f697365, h.id) // "noise"
-			h.factor = math.Exp(s.sigma * s.noise.NormFloat64())
-		}
-		if s.budget > 0 {
-			h.need = max(h.need, 1) // the last prompt token is computed, whatever the cache holds
-			continue                // chunked: the steps below carry it
-		}
-		s.startStep(stepPrefill, prevEnd, now, s.prefill.Seconds(h.need)*h.factor)
+		secs := s.prefill.Seconds(h.prompt-s.cache.hit(h.prefix, h.prompt)) * s.noiseFactor(h.id)
+		s.startStep(stepPrefill, prevEnd, now, secs)
 		s.stepRec.promptTokens, s.stepRec.jobID = h.prompt, h.id
 		return true
 	}
-	if j := s.prefilling; j != nil && s.budget > len(s.batch) {
-		s.chunk = min(j.need-j.computed, s.budget-len(s.batch))
-		// The chunk's share of the prefill curve: tokens [computed, computed+chunk) of
-		// BaseS + a·N + b·N²; the step's fixed cost is the decode step's, or the curve's base
-		// when no stream decodes.
-		c, k, p := float64(j.computed), float64(s.chunk), s.prefill
-		secs := (p.PerTokenS*k + p.PerToken2S*((c+k)*(c+k)-c*c)) * j.factor
-		if len(s.batch) > 0 {
-			secs += s.decode.StepSeconds(len(s.batch), s.batchKV)
-		} else {
-			secs += p.BaseS * j.factor
-		}
-		s.startStep(stepHybrid, prevEnd, now, secs)
-		s.stepRec.streams, s.stepRec.kvTokens = len(s.batch), s.batchKV
-		s.stepRec.promptTokens, s.stepRec.jobID = s.chunk, j.id
-		return true
-	}
+	return s.beginDecode(prevEnd, now)
+}
+
+// beginDecode starts a decode step of the batch, or idles.
+func (s *scheduler) beginDecode(prevEnd, now time.Time) bool {
 	if len(s.batch) > 0 {
 		s.startStep(stepDecode, prevEnd, now, s.decode.StepSeconds(len(s.batch), s.batchKV))
 		s.stepRec.streams, s.stepRec.kvTokens = len(s.batch), s.batchKV
@@ -393,9 +377,101 @@ func (s *scheduler) begin(prevEnd, now time.Time) bool {
 	return false
 }
 
+// beginChunked chooses and starts the next step of a chunked engine: prompts are admitted
+// (FIFO) while the budget has room past the batch and the prompts before them, requests
+// prefilled elsewhere join the batch in their turn, and the step carries the batch's tokens and
+// the prompts' chunks in what is left of the budget, in admission order.
+func (s *scheduler) beginChunked(prevEnd, now time.Time) bool {
+	left := s.budget - len(s.batch)
+	for _, j := range s.chunking {
+		left -= j.need - j.computed
+	}
+	for len(s.queue) > 0 {
+		if h := s.queue[0]; !h.prefilled && left <= 0 || !s.fits(h) {
+			break // strict FIFO: nothing overtakes a head that has no room
+		}
+		h, prompt := s.admit()
+		if !prompt {
+			left--
+			continue
+		}
+		// The last prompt token is computed, whatever the prefix cache holds.
+		h.need, h.computed, h.factor = max(h.prompt-s.cache.hit(h.prefix, h.prompt), 1), 0, s.noiseFactor(h.id)
+		s.chunking = append(s.chunking, h)
+		left -= h.need
+	}
+	left = s.budget - len(s.batch)
+	secs, tokens := 0.0, 0
+	for _, j := range s.chunking {
+		j.chunk = min(j.need-j.computed, max(left, 0))
+		if j.chunk == 0 {
+			continue
+		}
+		left -= j.chunk
+		tokens += j.chunk
+		// The chunk's share of the prefill curve: tokens [computed, computed+chunk) of
+		// BaseS + a·N + b·N², the base with the first chunk. Alone, a prompt takes what the
+		// curve says, chunked or not (the curve is what a prompt alone on the engine measures).
+		c, k, p := float64(j.computed), float64(j.chunk), s.prefill
+		secs += (p.PerTokenS*k + p.PerToken2S*((c+k)*(c+k)-c*c)) * j.factor
+		if j.computed == 0 {
+			secs += p.BaseS * j.factor
+		}
+	}
+	if tokens == 0 {
+		return s.beginDecode(prevEnd, now)
+	}
+	if len(s.batch) > 0 {
+		secs += s.decode.StepSeconds(len(s.batch), s.batchKV)
+	}
+	s.startStep(stepHybrid, prevEnd, now, secs)
+	s.stepRec.streams, s.stepRec.kvTokens = len(s.batch), s.batchKV
+	s.stepRec.promptTokens, s.stepRec.jobID = tokens, s.chunking[0].id
+	return true
+}
+
+// admit takes the queue's head into the engine and reserves its tokens: a request prefilled
+// elsewhere joins the batch (prompt false), a prompt is the caller's to prefill.
+func (s *scheduler) admit() (h *job, prompt bool) {
+	h = s.queue[0]
+	s.queue[0] = nil
+	s.queue = s.queue[1:]
+	s.reserved += h.prompt + h.output
+	if h.prefilled {
+		s.joinBatch(h)
+		h.publish()
+		return h, false
+	}
+	h.state = jobPrefilling
+	h.publish()
+	return h, true
+}
+
+// noiseFactor is job id's prefill noise: exp(σ·z), z drawn from the source seeded by (the
+// engine's seed, id); 1 without noise.
+func (s *scheduler) noiseFactor(id uint64) float64 {
+	if s.sigma <= 0 {
+		return 1
+	}
+	s.noiseSrc.Seed(s.noiseSeed^0x6e6f697365, id) // "noise"
+	return math.Exp(s.sigma * s.noise.NormFloat64())
+}
+
+// deleteJob removes j from js, keeping the order.
+func deleteJob(js []*job, j *job) []*job {
+	for i, x := range js {
+		if x == j {
+			copy(js[i:], js[i+1:])
+			js[len(js)-1] = nil
+			return js[:len(js)-1]
+		}
+	}
+	return js
+}
+
 // fits reports whether admitting j keeps the engine within max_streams and max_kv_tokens.
 func (s *scheduler) fits(j *job) bool {
-	streams := len(s.batch)
+	streams := len(s.batch) + len(s.chunking)
 	if s.prefilling != nil {
 		streams++
 	}
@@ -437,11 +513,20 @@ func (s *scheduler) completeStep() {
 		if len(s.batch) > 0 {
 			s.decodeStep(seq)
 		}
-		if j := s.prefilling; j != nil { // nil: cancelled during its chunk
-			if j.computed += s.chunk; j.computed >= j.need {
-				s.prefilling = nil
-				s.firstToken(j, seq)
+		// A prompt cancelled during its chunk has left s.chunking already.
+		keep := s.chunking[:0]
+		var done []*job
+		for _, j := range s.chunking {
+			if j.computed, j.chunk = j.computed+j.chunk, 0; j.computed >= j.need {
+				done = append(done, j)
+				continue
 			}
+			keep = append(keep, j)
+		}
+		clear(s.chunking[len(keep):])
+		s.chunking = keep
+		for _, j := range done {
+			s.firstToken(j, seq)
 		}
 	}
 	s.step = stepIdle
@@ -631,6 +716,10 @@ func (s *scheduler) snapshot() snapshot {
 	if s.prefilling != nil {
 		sn.running++
 		sn.kvTokens += s.prefilling.prompt
+	}
+	for _, j := range s.chunking {
+		sn.running++
+		sn.kvTokens += j.prompt
 	}
 	return sn
 }

@@ -308,9 +308,10 @@ func chunkedProfile(budget int) config.Profile {
 
 // A prompt that reaches an engine with a decode batch: unchunked, the batch waits the whole
 // prefill (one 110 ms step, no token for the residents); chunked at a budget of 40 tokens,
-// every step carries the batch's two tokens and a 38-token chunk (2 ms + 2×1 ms + 38 ms = 42 ms
-// against a 4 ms decode step), so the residents keep decoding but their TPOT grows while the
-// prompt is chunked in, and its first token comes with its last chunk (38 + 38 + 24).
+// every step carries the batch's two tokens and a 38-token chunk (2 ms + 2×1 ms + 38 ms = 42 ms,
+// the first 10 ms more for the curve's base, against a 4 ms decode step), so the residents keep
+// decoding but their TPOT grows while the prompt is chunked in, and its first token comes with
+// its last chunk (38 + 38 + 24).
 func TestSchedulerChunkedPrefillBesideTheBatch(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -323,11 +324,11 @@ func TestSchedulerChunkedPrefillBesideTheBatch(t *testing.T) {
 			{kind: stepDecode, streams: 3, kvTokens: 5},
 		}, 110},
 		{"chunked", chunkedProfile(40), []stepRecord{
-			{kind: stepHybrid, streams: 2, promptTokens: 38, kvTokens: 42},
+			{kind: stepHybrid, streams: 2, promptTokens: 38, kvTokens: 52},
 			{kind: stepHybrid, streams: 2, promptTokens: 38, kvTokens: 42},
 			{kind: stepHybrid, streams: 2, promptTokens: 24, kvTokens: 28},
 			{kind: stepDecode, streams: 3, kvTokens: 5},
-		}, 42 + 42 + 28},
+		}, 52 + 42 + 28},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s, rec := newTestScheduler(c.prof)
@@ -367,16 +368,15 @@ func TestSchedulerChunkedPrefillBesideTheBatch(t *testing.T) {
 	}
 }
 
-// Alone (no stream decoding), a chunked prompt costs the prefill curve's base every step and its
-// per-token share once: 250 tokens at a budget of 100 are three steps of 10 + 100, 10 + 100 and
-// 10 + 50 ms (280 ms), against one step of 260 ms unchunked. A quadratic term splits by the
-// tokens each chunk adds to the prompt so far.
+// Alone (no stream decoding), a chunked prompt takes what the prefill curve says: 250 tokens at a
+// budget of 100 are three steps of 10 + 100, 100 and 50 ms (260 ms, as one step unchunked). A
+// quadratic term splits by the tokens each chunk adds to the prompt so far.
 func TestSchedulerChunkedPrefillAlone(t *testing.T) {
 	s, rec := newTestScheduler(chunkedProfile(100))
 	p := newJob(1, 250, 1, true, false)
 	s.submit(p, t0)
-	if end := runTo(s, t0); end != ms(280) || p.state != jobFinished || len(rec.steps) != 3 {
-		t.Fatalf("ended at %v in %d steps (%v), want 280 ms in 3", end.Sub(t0), len(rec.steps), p.state)
+	if end := runTo(s, t0); end != ms(260) || p.state != jobFinished || len(rec.steps) != 3 {
+		t.Fatalf("ended at %v in %d steps (%v), want 260 ms in 3", end.Sub(t0), len(rec.steps), p.state)
 	}
 	quad := chunkedProfile(100)
 	quad.Prefill = &config.PrefillCurve{BaseS: 0.010, PerTokenS: 0.001, PerToken2S: 1e-6}
@@ -387,23 +387,32 @@ func TestSchedulerChunkedPrefillAlone(t *testing.T) {
 	for _, st := range rec.steps {
 		total += st.end.Sub(st.start)
 	}
-	// 3 bases + 250 ms + 250² µs, each step its own rounding to the nanosecond.
-	if want := 30*time.Millisecond + 250*time.Millisecond + 62500*time.Microsecond; (total - want).Abs() > 3*time.Nanosecond {
+	// one base + 250 ms + 250² µs, each step its own rounding to the nanosecond.
+	if want := 10*time.Millisecond + 250*time.Millisecond + 62500*time.Microsecond; (total - want).Abs() > 3*time.Nanosecond {
 		t.Errorf("chunks took %v, want %v", total, want)
 	}
 }
 
-// Chunked, a prompt behind the one being chunked waits its turn, while a request prefilled
-// elsewhere joins the batch at once; a prompt cancelled while it is chunked in leaves after the
-// step under way and holds nothing; a full batch leaves no budget for a chunk, and the prompt
-// waits for room.
+// Chunked, prompts share a step's budget in FIFO order (two short ones in one step); a prompt
+// waits while those before it take the budget, and nothing overtakes it (a request prefilled
+// elsewhere behind it waits too); a prompt cancelled while it is chunked in leaves after the step
+// under way and holds nothing; a full batch leaves no budget for a chunk, and the prompt waits.
 func TestSchedulerChunkedPrefillOrderAndCancel(t *testing.T) {
-	s, _ := newTestScheduler(chunkedProfile(20))
+	s, rec := newTestScheduler(chunkedProfile(100))
+	s.submit(newJob(1, 30, 1, true, false), t0) // starts at once, alone: 10 + 30 ms
+	s.submit(newJob(2, 40, 1, true, false), t0)
+	s.submit(newJob(3, 20, 1, true, false), t0)
+	runTo(s, t0)
+	if len(rec.steps) != 2 || rec.steps[1].promptTokens != 60 || rec.steps[1].end != ms(40+10+40+10+20) {
+		t.Fatalf("two short prompts behind a first: steps %+v, want a second of 60 tokens ending at 120 ms (two bases)", rec.steps)
+	}
+
+	s, _ = newTestScheduler(chunkedProfile(20))
 	long, next := newJob(1, 100, 5, true, false), newJob(2, 10, 5, true, false)
 	s.submit(long, t0)
 	s.submit(next, t0)
 	if long.state != jobPrefilling || next.state != jobQueued {
-		t.Fatalf("long %v, next %v: one prompt is chunked at a time", long.state, next.state)
+		t.Fatalf("long %v, next %v: the long prompt takes the budget", long.state, next.state)
 	}
 	remote := newJob(3, 50, 5, true, true)
 	s.submit(remote, t0)
@@ -420,7 +429,7 @@ func TestSchedulerChunkedPrefillOrderAndCancel(t *testing.T) {
 	}
 
 	// A budget the batch fills: the prompt waits for room.
-	s, rec := newTestScheduler(chunkedProfile(2))
+	s, rec = newTestScheduler(chunkedProfile(2))
 	r1, r2 := newJob(1, 10, 3, true, true), newJob(2, 10, 3, true, true)
 	s.submit(r1, t0)
 	s.submit(r2, t0)

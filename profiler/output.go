@@ -39,6 +39,12 @@ func (r *Result) WriteYAML(w io.Writer, name string) bool {
 		c("kv_transfer_s: the median over %d prompt lengths of the handoff through the prefiller", len(r.KVTransfer))
 	}
 	c("prefill_concurrency is Narwhal's dispatch depth, not measured: the default")
+	switch {
+	case r.ChunkSteps > 1:
+		c("chunked_prefill: a prompt beside %d decoding streams widened %d of their steps: a budget of about %d tokens a step", chunkStreams, r.ChunkSteps, r.ChunkBudget)
+	case r.ChunkSteps == 1:
+		c("chunked_prefill 0: the decoding streams waited the whole prefill of a prompt beside them (no chunked prefill)")
+	}
 	if r.Together > 0 {
 		c("prefill of %d prompts of %d tokens at once: the last first token after %.2f of the time one after another (1 = one at a time, as projected)", r.TogetherPrompts, r.TogetherTokens, r.Together)
 	}
@@ -57,6 +63,7 @@ func (r *Result) WriteYAML(w io.Writer, name string) bool {
 				g(d.BaseS), g(d.PerStreamS), g(d.PerKVTokenS), d.MaxStreams, d.MaxKVTokens)
 		}
 		fmt.Fprintf(&b, "    kv_transfer_s: %s\n", g(prof.KVTransferS))
+		fmt.Fprintf(&b, "    chunked_prefill: {budget_tokens: %d}\n", prof.ChunkedPrefill.BudgetTokens)
 	} else {
 		c("no curve could be fitted: the measurements follow")
 	}

@@ -101,7 +101,11 @@ type Result struct {
 	// together). 0 when not measured.
 	Together                        float64
 	TogetherPrompts, TogetherTokens int
-	Notes                           []string // what stopped where, and why
+	// ChunkBudget is the engine's per-step token budget as a prompt prefilled beside a decode
+	// batch showed it (profiles.X.chunked_prefill.budget_tokens; 0: the batch waited the whole
+	// prefill, unchunked); ChunkSteps the residents' steps the prompt widened (0: not measured).
+	ChunkBudget, ChunkSteps int
+	Notes                   []string // what stopped where, and why
 	// Err is what cut the run short (the results so far are kept); nil when it ran through.
 	Err     error
 	Elapsed time.Duration
@@ -142,7 +146,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	steps := []struct {
 		share float64
 		fn    func(deadline time.Time) error
-	}{{0.20, p.prefill}, {0.22, p.together}, {0.60, p.decode}, {0.95, p.limits}, {1, p.handoff}}
+	}{{0.20, p.prefill}, {0.22, p.together}, {0.60, p.decode}, {0.70, p.chunked}, {0.95, p.limits}, {1, p.handoff}}
 	for _, s := range steps {
 		if err := s.fn(begin.Add(time.Duration(s.share * float64(o.Budget)))); err != nil {
 			r.Err = err
@@ -466,6 +470,120 @@ func (p *run) decode(deadline time.Time) error {
 	return err
 }
 
+// chunkStreams are the residents decoding while chunked prefills one long prompt beside them.
+const chunkStreams = 4
+
+// chunked measures how the engine prefills a prompt that reaches it beside a decode batch:
+// chunkStreams streams decode, then one prompt of up to 16,384 tokens arrives. An engine without
+// chunked prefill runs the prompt in one step while the batch waits: the residents see one long
+// gap. One with a budget (vLLM V1's max_num_batched_tokens) carries the batch's tokens and a
+// chunk of the prompt in every step: the residents see k widened steps, the last with what is
+// left, so the budget is about the prompt's tokens over (k-1 + the last chunk's share) plus the
+// streams; the share is the last widened step's extra time over the one before it.
+func (p *run) chunked(deadline time.Time) error {
+	n := min(p.r.PromptTop-64, 16384)
+	if n < 2048 {
+		p.note("chunked prefill not measured: prompts of %d tokens at most (2,048 needed)", n)
+		return nil
+	}
+	stepS := 0.02
+	if f := p.r.DecodeFit; f != nil {
+		stepS = max(f.Coef[0]+f.Coef[1]*chunkStreams, 1e-3)
+	}
+	lead := time.Duration((p.prefillSeconds(64)*chunkStreams + 20*stepS) * float64(time.Second))
+	// The residents decode across the prompt's prefill and well after it: chunked beside them,
+	// it takes its curve's time and a decode step per chunk (a budget of 256 at the least).
+	span := lead.Seconds() + 2*p.prefillSeconds(n) + float64(n/256)*stepS + 0.3
+	output := min(max(int(span/stepS), 64), 8192)
+	if time.Until(deadline) < time.Duration(1.2*span*float64(time.Second)) {
+		p.note("chunked prefill not measured: no budget left for it")
+		return nil
+	}
+	p.progress("chunked", 0, 1, "")
+	ctx := p.ctx
+	residents := make([]Trace, chunkStreams)
+	errs := make([]error, chunkStreams+1)
+	var wg sync.WaitGroup
+	for i := range residents {
+		wg.Go(func() {
+			residents[i], errs[i] = p.probe.Engine.Stream(ctx, Request{Prompt: p.probe.Prompt(64), MaxTokens: output})
+		})
+	}
+	select { // the residents settle into the batch: a measurement's wait, not a synchronisation
+	case <-time.After(lead):
+	case <-ctx.Done():
+	}
+	prompt, perr := p.probe.Engine.Stream(ctx, Request{Prompt: p.probe.Prompt(n), MaxTokens: 1})
+	errs[chunkStreams] = perr
+	wg.Wait()
+	p.progress("chunked", 1, 1, "")
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("chunked prefill: %w", err)
+	}
+	budget, steps, ok := chunkBudget(residents, prompt, n)
+	if !ok {
+		p.note("chunked prefill not measured: the residents did not decode across the prompt's prefill")
+		return nil
+	}
+	p.r.ChunkBudget, p.r.ChunkSteps = budget, steps
+	return nil
+}
+
+// chunkBudget reads the residents' token gaps around one prompt's prefill (chunked); ok is
+// false when a resident did not decode across it.
+func chunkBudget(residents []Trace, prompt Trace, n int) (budget, steps int, ok bool) {
+	if len(prompt.Tokens) == 0 {
+		return 0, 0, false
+	}
+	if prompt.PromptTokens > 0 {
+		n = prompt.PromptTokens
+	}
+	from, to := prompt.Sent, prompt.Tokens[0]
+	var counts []int
+	var shares []float64
+	for _, r := range residents {
+		var before, widened []float64
+		last := 0
+		for i := 1; i < len(r.Tokens); i++ {
+			gap := r.Tokens[i].Sub(r.Tokens[i-1]).Seconds()
+			switch {
+			case r.Tokens[i].Before(from):
+				before = append(before, gap)
+			case !r.Tokens[i-1].After(to):
+				widened = append(widened, gap)
+				last = i
+			}
+		}
+		if len(before) < 5 || last == 0 || last == len(r.Tokens)-1 {
+			return 0, 0, false
+		}
+		base := median(before)
+		var extra []float64
+		for _, g := range widened {
+			if g > 1.5*base {
+				extra = append(extra, g-base)
+			}
+		}
+		counts = append(counts, len(extra))
+		if k := len(extra); k >= 2 {
+			shares = append(shares, min(1, extra[k-1]/extra[k-2]))
+		}
+	}
+	slices.Sort(counts)
+	k := counts[len(counts)/2]
+	switch k {
+	case 0:
+		return 0, 0, false // nothing widened: the prompt did not run beside them
+	case 1:
+		return 0, 1, true // one long gap: the batch waited the whole prefill (or a budget above the prompt)
+	}
+	share := 1.0
+	if len(shares) > 0 {
+		share = median(shares)
+	}
+	return int(math.Round(float64(n)/(float64(k-1)+share))) + len(residents), k, true
+}
+
 // prefillSeconds is the fitted prefill time of n tokens (a guess of 1 ms a token before the fit).
 func (p *run) prefillSeconds(n int) float64 {
 	if f := p.r.PrefillFit; f != nil {
@@ -708,6 +826,9 @@ func (r *Result) Profile() (config.Profile, bool) {
 	}
 	if len(r.KVTransfer) > 0 {
 		prof.KVTransferS = median(r.KVTransfer)
+	}
+	if prof.Prefill != nil {
+		prof.ChunkedPrefill.BudgetTokens = r.ChunkBudget
 	}
 	return prof, prof.Prefill != nil || prof.Decode != nil
 }

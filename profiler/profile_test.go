@@ -37,6 +37,13 @@ func other() config.Profile {
 	}
 }
 
+// chunked is the default profile with chunked prefill at budget tokens a step.
+func chunked(budget int) config.Profile {
+	p := config.DefaultProfile()
+	p.ChunkedPrefill.BudgetTokens = budget
+	return p
+}
+
 func maxStreams(d []DecodePoint) (n int) {
 	for _, p := range d {
 		n = max(n, p.Streams)
@@ -78,6 +85,7 @@ func TestProfileRecoversKnownProfiles(t *testing.T) {
 	}{
 		{"default", config.DefaultProfile(), 16384, false},
 		{"other", other(), 8192, true},
+		{"chunked", chunked(2048), 16384, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e, err := NewEngine(serveEngine(t, c.prof, c.maxModelLen), "m")
@@ -128,6 +136,12 @@ func TestProfileRecoversKnownProfiles(t *testing.T) {
 			t.Logf("budget %v: prefill within %.1f%% (worst at %d) up to %d tokens, decode within %.1f%% over %d batches (up to %d streams), max_streams %d (true %d), max_kv_tokens %d (true %d), kv_transfer_s %.4g (true %.4g)",
 				budget, 100*worstP, worstAt, got.Prefill.MaxTokens, 100*worstD, len(res.Decode), maxStreams(res.Decode), got.Decode.MaxStreams, truth.Decode.MaxStreams,
 				got.Decode.MaxKVTokens, truth.Decode.MaxKVTokens, got.KVTransferS, truth.KVTransferS)
+			t.Logf("chunked prefill: %d steps widened, budget %d (true %d)", res.ChunkSteps, got.ChunkedPrefill.BudgetTokens, truth.ChunkedPrefill.BudgetTokens)
+			if want := truth.ChunkedPrefill.BudgetTokens; want == 0 && (res.ChunkSteps != 1 || got.ChunkedPrefill.BudgetTokens != 0) {
+				t.Errorf("an unchunked engine measured %d steps widened, budget %d", res.ChunkSteps, got.ChunkedPrefill.BudgetTokens)
+			} else if want > 0 {
+				within(t, "chunked_prefill.budget_tokens", float64(got.ChunkedPrefill.BudgetTokens), float64(want), 0.10)
+			}
 			within(t, "max_streams", float64(got.Decode.MaxStreams), float64(truth.Decode.MaxStreams), 0.10)
 			within(t, "max_kv_tokens", float64(got.Decode.MaxKVTokens), float64(truth.Decode.MaxKVTokens), 0.10)
 			if c.handoff {
