@@ -40,9 +40,12 @@ func (r *Result) WriteYAML(w io.Writer, name string) bool {
 	}
 	c("prefill_concurrency is Narwhal's dispatch depth, not measured: the default")
 	switch {
+	case !r.ChunkMeasured:
 	case r.ChunkSteps > 1:
 		c("chunked_prefill: a prompt beside %d decoding streams widened %d of their steps: a budget of about %d tokens a step", chunkStreams, r.ChunkSteps, r.ChunkBudget)
 	case r.ChunkSteps == 1:
+		c("chunked_prefill: a prompt beside %d decoding streams fit one of their steps: a budget of at least %d tokens a step (a lower bound)", chunkStreams, r.ChunkBudget)
+	default:
 		c("chunked_prefill 0: the decoding streams waited the whole prefill of a prompt beside them (no chunked prefill)")
 	}
 	if r.Together > 0 {

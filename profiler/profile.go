@@ -103,8 +103,10 @@ type Result struct {
 	TogetherPrompts, TogetherTokens int
 	// ChunkBudget is the engine's per-step token budget as a prompt prefilled beside a decode
 	// batch showed it (profiles.X.chunked_prefill.budget_tokens; 0: the batch waited the whole
-	// prefill, unchunked); ChunkSteps the residents' steps the prompt widened (0: not measured).
+	// prefill, unchunked); ChunkSteps the residents' steps the prompt widened (1: it fit one
+	// step, and the budget is a lower bound); ChunkMeasured whether it was measured.
 	ChunkBudget, ChunkSteps int
+	ChunkMeasured           bool
 	Notes                   []string // what stopped where, and why
 	// Err is what cut the run short (the results so far are kept); nil when it ran through.
 	Err     error
@@ -525,7 +527,7 @@ func (p *run) chunked(deadline time.Time) error {
 		p.note("chunked prefill not measured: the residents did not decode across the prompt's prefill")
 		return nil
 	}
-	p.r.ChunkBudget, p.r.ChunkSteps = budget, steps
+	p.r.ChunkBudget, p.r.ChunkSteps, p.r.ChunkMeasured = budget, steps, true
 	return nil
 }
 
@@ -542,27 +544,28 @@ func chunkBudget(residents []Trace, prompt Trace, n int) (budget, steps int, ok 
 	var counts []int
 	var shares []float64
 	for _, r := range residents {
-		var before, widened []float64
-		last := 0
-		for i := 1; i < len(r.Tokens); i++ {
-			gap := r.Tokens[i].Sub(r.Tokens[i-1]).Seconds()
-			switch {
-			case r.Tokens[i].Before(from):
-				before = append(before, gap)
-			case !r.Tokens[i-1].After(to):
-				widened = append(widened, gap)
-				last = i
-			}
+		var before []float64
+		for i := 1; i < len(r.Tokens) && r.Tokens[i].Before(from); i++ {
+			before = append(before, r.Tokens[i].Sub(r.Tokens[i-1]).Seconds())
 		}
-		if len(before) < 5 || last == 0 || last == len(r.Tokens)-1 {
+		if len(before) < 5 || !r.Tokens[len(r.Tokens)-1].After(to) {
 			return 0, 0, false
 		}
 		base := median(before)
+		// The resident's tokens from the prompt's arrival to its first token (with the step
+		// that gave both): a step widened by a chunk gives one; the one long step of an
+		// unchunked prefill gives none. A late timer delays tokens, never adds one; a gap that
+		// only a late timer widened is told from a chunk's by its size.
+		end := to.Add(time.Duration(base / 2 * float64(time.Second)))
 		var extra []float64
-		for _, g := range widened {
-			if g > 1.5*base {
+		for i := len(before) + 1; i < len(r.Tokens) && !r.Tokens[i].After(end); i++ {
+			if g := r.Tokens[i].Sub(r.Tokens[i-1]).Seconds(); g > 1.5*base {
 				extra = append(extra, g-base)
 			}
+		}
+		if len(extra) > 0 {
+			big := 0.5 * median(extra)
+			extra = slices.DeleteFunc(extra, func(e float64) bool { return e < big })
 		}
 		counts = append(counts, len(extra))
 		if k := len(extra); k >= 2 {
@@ -573,9 +576,9 @@ func chunkBudget(residents []Trace, prompt Trace, n int) (budget, steps int, ok 
 	k := counts[len(counts)/2]
 	switch k {
 	case 0:
-		return 0, 0, false // nothing widened: the prompt did not run beside them
+		return 0, 0, true // no token while it was prefilled: the batch waited the whole prefill
 	case 1:
-		return 0, 1, true // one long gap: the batch waited the whole prefill (or a budget above the prompt)
+		return n + len(residents), 1, true // one step carried it all: a budget of at least this
 	}
 	share := 1.0
 	if len(shares) > 0 {
