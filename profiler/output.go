@@ -43,10 +43,8 @@ func (r *Result) WriteYAML(w io.Writer, name string) bool {
 	case !r.ChunkMeasured:
 	case r.ChunkSteps > 1:
 		c("chunked_prefill: a prompt beside %d decoding streams widened %d of their steps: a budget of about %d tokens a step", chunkStreams, r.ChunkSteps, r.ChunkBudget)
-	case r.ChunkSteps == 1:
-		c("chunked_prefill: a prompt beside %d decoding streams fit one of their steps: a budget of at least %d tokens a step (a lower bound)", chunkStreams, r.ChunkBudget)
 	default:
-		c("chunked_prefill 0: the decoding streams waited the whole prefill of a prompt beside them (no chunked prefill)")
+		c("chunked_prefill 0: the decoding streams waited the whole prefill of a prompt beside them (no chunked prefill, or a budget above the prompt)")
 	}
 	if r.Together > 0 {
 		c("prefill of %d prompts of %d tokens at once: the last first token after %.2f of the time one after another (1 = one at a time, as projected)", r.TogetherPrompts, r.TogetherTokens, r.Together)

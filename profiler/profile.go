@@ -103,8 +103,8 @@ type Result struct {
 	TogetherPrompts, TogetherTokens int
 	// ChunkBudget is the engine's per-step token budget as a prompt prefilled beside a decode
 	// batch showed it (profiles.X.chunked_prefill.budget_tokens; 0: the batch waited the whole
-	// prefill, unchunked); ChunkSteps the residents' steps the prompt widened (1: it fit one
-	// step, and the budget is a lower bound); ChunkMeasured whether it was measured.
+	// prefill, unchunked, or it fit one step); ChunkSteps the residents' steps the prompt
+	// widened; ChunkMeasured whether it was measured.
 	ChunkBudget, ChunkSteps int
 	ChunkMeasured           bool
 	Notes                   []string // what stopped where, and why
@@ -552,11 +552,13 @@ func chunkBudget(residents []Trace, prompt Trace, n int) (budget, steps int, ok 
 			return 0, 0, false
 		}
 		base := median(before)
-		// The resident's tokens from the prompt's arrival to its first token (with the step
-		// that gave both): a step widened by a chunk gives one; the one long step of an
-		// unchunked prefill gives none. A late timer delays tokens, never adds one; a gap that
-		// only a late timer widened is told from a chunk's by its size.
-		end := to.Add(time.Duration(base / 2 * float64(time.Second)))
+		// The resident's widened steps from the prompt's arrival to a few steps past its first
+		// token: each chunk widens one; an unchunked prefill widens the one step that spans it.
+		// Past the prompt the steps are plain again (which makes the window's end harmless to
+		// the clients' few milliseconds of noise in telling which token came first); a late
+		// timer delays tokens, never adds one, and a gap that only a late timer widened is
+		// told from a chunk's by its size.
+		end := to.Add(time.Duration(3 * base * float64(time.Second)))
 		var extra []float64
 		for i := len(before) + 1; i < len(r.Tokens) && !r.Tokens[i].After(end); i++ {
 			if g := r.Tokens[i].Sub(r.Tokens[i-1]).Seconds(); g > 1.5*base {
@@ -574,11 +576,11 @@ func chunkBudget(residents []Trace, prompt Trace, n int) (budget, steps int, ok 
 	}
 	slices.Sort(counts)
 	k := counts[len(counts)/2]
-	switch k {
-	case 0:
-		return 0, 0, true // no token while it was prefilled: the batch waited the whole prefill
-	case 1:
-		return n + len(residents), 1, true // one step carried it all: a budget of at least this
+	if k <= 1 {
+		// No token while it was prefilled (the batch waited the whole prefill), or one step
+		// that carried it all: a budget above the prompt times it as unchunked does, but for
+		// one decode step, and a client cannot tell the two apart by a few milliseconds.
+		return 0, k, true
 	}
 	share := 1.0
 	if len(shares) > 0 {
