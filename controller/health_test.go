@@ -331,15 +331,7 @@ func TestHealthReadmissionSight(t *testing.T) {
 			cfg, f := testFleet(t)
 			h := NewHealth(cfg.Health)
 			now := t0
-			probe := func(ok bool) fleet.Lifecycle {
-				t.Helper()
-				now = now.Add(time.Second)
-				to, err := Apply(h, f, now, "e3", ok)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return to
-			}
+			probe := prober(t, h, f, &now)
 			for _, how := range c.failures {
 				probe(true) // active, answering
 				if how == "probes" {
@@ -431,15 +423,7 @@ func TestHealthStreakEdges(t *testing.T) {
 	cfg, f := testFleet(t)
 	h := NewHealth(cfg.Health)
 	now := t0
-	probe := func(ok bool) fleet.Lifecycle {
-		t.Helper()
-		now = now.Add(time.Second)
-		to, err := Apply(h, f, now, "e3", ok)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return to
-	}
+	probe := prober(t, h, f, &now)
 	readmit := func() {
 		t.Helper()
 		for probe(true) != fleet.Active {
@@ -478,5 +462,19 @@ func TestHealthStreakEdges(t *testing.T) {
 	readmit()
 	if e, _ := f.Engine("e3"); e.Sight != fleet.SightUnconfirmed {
 		t.Fatalf("readmitted %v after five minutes served and one failure, want unconfirmed", e.Sight)
+	}
+}
+
+// prober probes e3 of f through h (Apply), a second after the last probe each time (*now moves
+// on), and returns the transition made.
+func prober(t *testing.T, h *Health, f *fleet.Fleet, now *time.Time) func(ok bool) fleet.Lifecycle {
+	return func(ok bool) fleet.Lifecycle {
+		t.Helper()
+		*now = now.Add(time.Second)
+		to, err := Apply(h, f, *now, "e3", ok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return to
 	}
 }
