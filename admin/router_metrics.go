@@ -16,6 +16,7 @@ type routerCollector struct {
 	prefillResidents, decodeResidents, correction                                             *prometheus.Desc
 	contextExceeded, ejections, upstreamFailures, ejected                                     *prometheus.Desc
 	passedThrough, observed, kvUsage, foreign, unservedLegs, noHandoff                        *prometheus.Desc
+	local, localTokens                                                                        *prometheus.Desc
 }
 
 // RegisterRouter exports the router's counters, retained demand, demand estimates and engine
@@ -30,7 +31,9 @@ func RegisterRouter(reg prometheus.Registerer, src interface{ Snapshot() router.
 		invalid:          d("invalid_total", "Offers answered 400 or 413."),
 		admitted:         d("admitted_total", "Offers admitted to the waiting set."),
 		overflow:         d("overflow_total", "Offers turned away, by reason.", "reason"),
-		dispatched:       d("dispatched_total", "Requests placed, by kind (disaggregated, aggregate).", "kind"),
+		dispatched:       d("dispatched_total", "Requests placed, by kind (disaggregated, aggregate: both phases on one engine, the fallback or a local prefill).", "kind"),
+		local:            d("local_prefill_total", "Requests placed on a decode engine that prefills them itself (router.local_prefill; in dispatched_total{kind=\"aggregate\"})."),
+		localTokens:      d("local_prefill_prompt_tokens_total", "Prompt tokens of the requests prefilled locally on a decode engine."),
 		completed:        d("completed_total", "Placed requests that completed."),
 		failed:           d("failed_total", "Placed requests that failed (engine error)."),
 		cancelled:        d("cancelled_total", "Client cancels, by where the request was (waiting, in_flight).", "where"),
@@ -61,7 +64,7 @@ func (c *routerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.offers, c.invalid, c.admitted, c.overflow, c.dispatched, c.completed,
 		c.failed, c.cancelled, c.ftTimeouts, c.waiting, c.waitingTokens, c.prefilling, c.decoding, c.awaiting,
 		c.demand, c.prefillResidents, c.decodeResidents, c.correction, c.contextExceeded, c.ejections,
-		c.upstreamFailures, c.ejected, c.passedThrough, c.observed, c.kvUsage, c.foreign, c.unservedLegs, c.noHandoff} {
+		c.upstreamFailures, c.ejected, c.passedThrough, c.observed, c.kvUsage, c.foreign, c.unservedLegs, c.noHandoff, c.local, c.localTokens} {
 		ch <- d
 	}
 }
@@ -90,6 +93,8 @@ func (c *routerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.passedThrough, n.PassedThrough)
 	counter(c.dispatched, n.Dispatched.Disaggregated, "disaggregated")
 	counter(c.dispatched, n.Dispatched.Aggregate, "aggregate")
+	counter(c.local, n.Dispatched.Local)
+	counter(c.localTokens, n.LocalPromptTokens)
 	counter(c.completed, n.Completed)
 	counter(c.failed, n.Failed)
 	counter(c.cancelled, n.Cancelled.Waiting, "waiting")

@@ -336,7 +336,23 @@ type Router struct {
 	Handoff             string         `yaml:"handoff" json:"handoff"`
 	Sizing              Sizing         `yaml:"sizing" json:"sizing"`
 	PrefixAffinity      PrefixAffinity `yaml:"prefix_affinity" json:"prefix_affinity"`
+	// LocalPrefill says when a decode engine prefills a request itself instead of a prefill
+	// engine (LocalPrefillAuto, LocalPrefillOff, LocalPrefillAlways; docs/role-control.md
+	// section 3); LocalPrefillMaxTokens bounds the prompt tokens it prefills so.
+	LocalPrefill          string `yaml:"local_prefill" json:"local_prefill"`
+	LocalPrefillMaxTokens int    `yaml:"local_prefill_max_tokens" json:"local_prefill_max_tokens"`
 }
+
+// Local-prefill modes (router.local_prefill).
+const (
+	// LocalPrefillAuto prices both paths for each request: local when its projected first token
+	// is sooner and the decode engine's residents keep their TPOT within the SLO.
+	LocalPrefillAuto = "auto"
+	// LocalPrefillOff disaggregates every request while a prefill engine is live.
+	LocalPrefillOff = "off"
+	// LocalPrefillAlways prefills locally whenever a decode engine has room.
+	LocalPrefillAlways = "always"
+)
 
 // Handoff directions (router.handoff).
 const (

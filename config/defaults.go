@@ -17,6 +17,7 @@ func Default() *Config {
 			Handoff:             HandoffDecode,
 			Sizing:              Sizing{Method: SizingBytes, Encoding: "cl100k_base", NonTextTokens: 576},
 			PrefixAffinity:      PrefixAffinity{Enabled: true, BlockTokens: 64, Entries: 100000},
+			LocalPrefill:        LocalPrefillOff, LocalPrefillMaxTokens: 16384,
 		},
 		Controller: Controller{
 			MinPrefill: 1,

@@ -436,6 +436,8 @@ func (k *checker) router(r Router) {
 	k.geInt("router.default_output_tokens", int64(r.DefaultOutputTokens), 1)
 	k.gt("router.first_token_timeout_s", r.FirstTokenTimeoutS, 0)
 	k.oneOf("router.handoff", r.Handoff, HandoffDecode, HandoffPrefill)
+	k.oneOf("router.local_prefill", r.LocalPrefill, LocalPrefillAuto, LocalPrefillOff, LocalPrefillAlways)
+	k.geInt("router.local_prefill_max_tokens", int64(r.LocalPrefillMaxTokens), 1)
 	k.oneOf("router.sizing.method", r.Sizing.Method, SizingBytes, SizingBPE)
 	k.oneOf("router.sizing.encoding", r.Sizing.Encoding, Encodings...)
 	k.geInt("router.sizing.non_text_tokens", int64(r.Sizing.NonTextTokens), 0)

@@ -597,6 +597,28 @@ func TestAggregateFallback(t *testing.T) {
 	}
 }
 
+// TestLocalPrefill: a request a decode engine prefills itself (router.local_prefill) goes out as
+// llm-d's decode-only path — the decode engine the destination, no prefiller header, the
+// placement header's "aggregate" — and the engine serves it whole.
+func TestLocalPrefill(t *testing.T) {
+	fx := newFixture(t, relaxed(gateway.Mode{}), func(c *config.Config) { c.Router.LocalPrefill = config.LocalPrefillAlways })
+	code, _, body := fx.post(context.Background(), "/v1/completions", `{"model":"m","prompt":"a b c","max_tokens":3,"stream":true}`, nil)
+	o := fx.lastOutcome()
+	if code != 200 || o.Placement.Get(wire.HeaderPlacement) != "aggregate" || len(o.Placement.Values(wire.HeaderPrefiller)) > 0 {
+		t.Fatalf("local: %d %q placement %v", code, body, o.Placement)
+	}
+	if o.Upstream != fx.addr["e3"] && o.Upstream != fx.addr["e4"] {
+		t.Fatalf("local prefill on %s, not a decode engine", o.Upstream)
+	}
+	if !strings.Contains(string(body), "[DONE]") {
+		t.Fatalf("the decode engine did not serve it whole: %q", body)
+	}
+	s := fx.settle()
+	if d := s.Counters.Dispatched; d.Local != 1 || d.Aggregate != 1 || d.Disaggregated != 0 || s.Counters.LocalPromptTokens == 0 || s.Counters.Completed != 1 {
+		t.Fatalf("%+v", s.Counters)
+	}
+}
+
 // TestFullDuplexPassThrough: in full duplex Envoy forwards only the body the processor sends
 // back, so a request on an unrouted path must have its body echoed unchanged.
 func TestFullDuplexPassThrough(t *testing.T) {

@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -460,9 +461,13 @@ func (st *stream) answerPlacement(p router.Placement) {
 	} else if p.Kind == router.Disaggregated {
 		set = append(set, c.header(wire.HeaderPrefiller, p.PrefillAddr))
 	}
+	kind := p.Kind
+	if kind == router.Local {
+		kind = router.Aggregate // both phases on one engine: the header's two values (README)
+	}
 	set = append(set,
 		c.header(wire.HeaderDestination, dest),
-		c.header(wire.HeaderPlacement, p.Kind.String()),
+		c.header(wire.HeaderPlacement, kind.String()),
 		setHeader(wire.HeaderRequestID, st.req.id),
 	)
 	mut := &extprocv3.HeaderMutation{SetHeaders: set}
@@ -470,6 +475,10 @@ func (st *stream) answerPlacement(p router.Placement) {
 		mut.RemoveHeaders = removeExcept(st.req.strip.RemoveHeaders, set)
 	}
 	st.to(phasePlaced)
+	if st.s.log.Enabled(st.ctx, slog.LevelDebug) { // which path and why (router.local_prefill)
+		st.s.log.Debug("placed", "request_id", st.req.id, "path", p.Kind.String(), "prefill", p.Prefill, "decode", p.Decode,
+			"projected_ttft_s", p.ProjectedTTFT, "why", p.Why.String(), "other_path_ttft_s", p.OtherTTFT)
+	}
 	st.reply(placementReply(mut, c.lbMetadata(dest), st.x.fullDuplex))
 	if st.x.fullDuplex { // Envoy forwards only the body Narwhal sends back
 		st.reply(echoRequestBody(st.req.body, true))

@@ -2,6 +2,7 @@ package router_test
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -117,6 +118,16 @@ func (d *driver) init(td *datadriven.TestData) {
 			cfg.Health.Passive.ConsecutiveFailures = int(f)
 		case "handoff":
 			cfg.Router.Handoff = v
+		case "tpot":
+			cfg.SLO.TPOTS = f
+		case "local":
+			cfg.Router.LocalPrefill = v
+		case "local_max":
+			cfg.Router.LocalPrefillMaxTokens = int(f)
+		case "budget":
+			p := cfg.Profiles[config.DefaultProfileName]
+			p.ChunkedPrefill.BudgetTokens = int(f)
+			cfg.Profiles[config.DefaultProfileName] = p
 		case "max_kv":
 			p := cfg.Profiles[config.DefaultProfileName]
 			dc := *p.Decode
@@ -131,8 +142,11 @@ func (d *driver) init(td *datadriven.TestData) {
 		fields := strings.Fields(line)
 		cfg.Engines = append(cfg.Engines, config.Engine{
 			ID: fields[0], Address: fmt.Sprintf("10.0.0.%d:8000", i+1), Role: fields[1],
-			Profile: config.DefaultProfileName, Pinned: len(fields) > 2 && fields[2] == "pinned",
+			Profile: config.DefaultProfileName, Pinned: slices.Contains(fields[2:], "pinned"), Switch: config.SwitchRouting,
 		})
+		if slices.Contains(fields[2:], "sglang") {
+			cfg.Engines[i].Switch = config.SwitchSGLang
+		}
 	}
 	f, err := fleet.New(cfg, scripttest.Epoch)
 	if err != nil {

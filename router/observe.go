@@ -129,11 +129,8 @@ func (r *Router) Observe(now time.Time, id string, o *Observation) (Observed, bo
 	// Foreign load: what the engine runs and queues beyond this router's on it. This router's
 	// own requests reach the engine after it places them and leave it before their completion
 	// is seen, so its own work reads as no more than its residents: its prefill residents and
-	// its streams, each request once (on the aggregate fallback a request is both).
-	own := e.prefilling + e.streams
-	if int16(i) == r.fallback {
-		own = max(e.prefilling, e.streams)
-	}
+	// its streams, each request once (an aggregate or local request is both).
+	own := e.prefilling + e.streams - e.both
 	reported := min(max(o.Running+o.Waiting, 0), maxForeign) // a gauge gone wild is bounded
 	n := max(0, int(math.Round(reported))-own)
 	usage := min(max(o.KVUsage, 0), 1)

@@ -287,15 +287,20 @@ type plan struct {
 	start, dur float64
 	first      float64 // projected first-token time
 	need       int64
+	why        Why
+	other      float64 // the other path's projected first-token time, 0 when not priced
 }
 
-// plan picks the engines for one request if an engine has room: the prefill engine on which it
-// completes first among those under prefill_concurrency (prefix blocks it holds are saved
-// work), and the decode engine with the lowest projected seconds per token within capacity; or
-// the fallback engine for both once it has drained.
+// plan picks the engines for one request if an engine has room: the fallback engine for both
+// phases once it has drained; else the disaggregated path (planDisaggregated) or the local one
+// (planLocal), as router.local_prefill says. With auto, each request takes the path whose first
+// token is projected sooner; local also needs the decode engine's residents to keep the TPOT
+// SLO (docs/role-control.md section 3). A request no prefill engine has room for now goes local
+// when that is sooner than where the projection starts it on a prefill engine, and waits
+// otherwise.
 func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64, only subset) (plan, bool) {
-	pl := plan{p: -1, d: -1, need: need}
 	if r.fallback >= 0 {
+		pl := plan{p: -1, d: -1, need: need}
 		fb := &r.engines[r.fallback]
 		if r.fallbackPending > 0 || fb.prefilling >= fb.prof.PrefillConcurrency || !fb.fits(need) || !only.has(r.fallback) {
 			return pl, false // capacity holds on the fallback as everywhere (issue 8)
@@ -305,40 +310,150 @@ func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64, only s
 		pl.first = pl.start + pl.dur
 		return pl, true
 	}
+	mode := r.cfg.LocalPrefill
+	pl, ok, later := r.planDisaggregated(t, prompt, need, prefix, only, mode != config.LocalPrefillOff)
+	if mode == config.LocalPrefillOff || mode == "" {
+		return pl, ok
+	}
+	lp, why := r.planLocal(t, prompt, need, prefix, only, mode == config.LocalPrefillAuto)
+	if lp.p < 0 {
+		pl.why = why
+		return pl, ok
+	}
+	switch {
+	case mode == config.LocalPrefillAlways:
+		lp.why = WhyAlways
+	case ok && pl.first <= lp.first:
+		pl.why, pl.other = WhySooner, lp.first
+		return pl, true
+	case ok:
+		lp.why = WhySooner
+	case later > 0 && later <= lp.first:
+		return pl, false // it waits for a prefill engine
+	default:
+		lp.why = WhyQueued
+	}
+	if ok {
+		lp.other = pl.first
+	} else {
+		lp.other = later
+	}
+	return lp, true
+}
+
+// planDisaggregated picks the prefill engine on which the request completes first among those
+// under prefill_concurrency (prefix blocks it holds are saved work), and the decode engine with
+// the lowest projected seconds per token within capacity. When no prefill engine has room now
+// and project is set, later is the first token the projection gives it on the prefill engine
+// that frees first (0 when none).
+func (r *Router) planDisaggregated(t float64, prompt int, need int64, prefix []uint64, only subset, project bool) (pl plan, ok bool, later float64) {
+	pl = plan{p: -1, d: -1, need: need}
 	cached := r.matchPrefix(prefix)
-	done := math.Inf(1)
+	done, anyDone, anyEngine := math.Inf(1), math.Inf(1), -1
 	for _, i16 := range r.prefillPool {
 		i := int(i16)
 		c := &r.engines[i]
-		if c.prefilling >= c.prof.PrefillConcurrency || r.cfg.Handoff == config.HandoffPrefill && !only.has(i16) {
+		if r.cfg.Handoff == config.HandoffPrefill && !only.has(i16) {
 			continue
+		}
+		full := c.prefilling >= c.prof.PrefillConcurrency
+		if full && !project {
+			continue
+		}
+		dd := c.prefillSeconds(prompt - cached(i))
+		s := r.prefillFree(t, i)
+		if s+dd < anyDone {
+			anyDone, anyEngine = s+dd, i
 		}
 		// An engine just moved to prefill may still hold decode streams whose KV is on its way
 		// (their prefill ran elsewhere): an engine that runs prefill before decode would make
 		// their first token wait behind every prefill placed on it. It takes prefill work once
 		// they have their first token (docs/role-control.md, section 7).
-		if c.streams > c.decoding {
+		if full || c.streams > c.decoding {
 			continue
 		}
-		dd := c.prefillSeconds(prompt - cached(i))
-		if s := r.prefillFree(t, i); s+dd < done {
+		if s+dd < done {
 			pl.p, pl.dur, pl.start, done = i, dd, s, s+dd
 		}
 	}
 	r.resetPrefix()
-	if pl.p < 0 {
-		return pl, false
-	}
 	decodeOnly := only
 	if r.cfg.Handoff == config.HandoffPrefill {
 		decodeOnly = nil // the destination is the prefill engine
 	}
+	if pl.p < 0 {
+		if anyEngine >= 0 {
+			if d := r.bestDecode(need, false, decodeOnly); d >= 0 {
+				de := &r.engines[d]
+				later = anyDone + r.engines[anyEngine].prof.KVTransferS + de.stepSeconds(de.streams+1, de.kv+need)
+			}
+		}
+		return pl, false, later
+	}
 	if pl.d = r.bestDecode(need, true, decodeOnly); pl.d < 0 {
-		return pl, false
+		return pl, false, 0
 	}
 	de := &r.engines[pl.d]
 	pl.first = pl.start + pl.dur + r.engines[pl.p].prof.KVTransferS + de.stepSeconds(de.streams+1, de.kv+need)
-	return pl, true
+	return pl, true, 0
+}
+
+// planLocal picks the decode engine that would give the request its first token soonest by
+// prefilling it itself: one that can prefill (a profile with a prefill curve, and no in-place
+// switch: an SGLang decode-mode server cannot), is not a donor being prepared, has room for
+// the stream and for another prefill (prefill_concurrency), and holds at most
+// router.local_prefill_max_tokens of its prompt uncached. Its prefill starts after the local
+// prefill work already there and runs chunked beside the decode batch (localSeconds). With
+// guard, the engine's residents must keep their TPOT within the SLO: the step with one more
+// stream, plus the local prefill work queued there (this one's included) spread over the
+// expected output of a stream (docs/role-control.md section 3). When none qualifies, p is -1 and
+// why says what stopped the closest candidate.
+func (r *Router) planLocal(t float64, prompt int, need int64, prefix []uint64, only subset, guard bool) (plan, Why) {
+	pl := plan{p: -1, d: -1, need: need}
+	why := WhyNoRoom
+	cached := r.matchPrefix(prefix)
+	var out float64
+	if guard {
+		out = float64(r.expectedOutput())
+	}
+	for _, i16 := range r.decodePool {
+		i := int(i16)
+		e := &r.engines[i]
+		if !only.has(i16) || e.inPlace || e.prof.Prefill == nil || e.prepared || !e.fits(need) || e.prefilling >= e.prof.PrefillConcurrency {
+			continue
+		}
+		n := prompt - cached(i)
+		if n > r.cfg.LocalPrefillMaxTokens {
+			why = max(why, WhyTooLong)
+			continue
+		}
+		start := max(t, e.busyUntil) + e.foreignPrefillLeft(t)
+		dur := e.localSeconds(n)
+		if guard && e.streams > 0 && e.stepSeconds(e.streams+1, e.kv+need)+(start+dur-t)/out > r.slo.TPOTS {
+			why = WhyTPOT
+			continue
+		}
+		if first := start + dur; pl.p < 0 || first < pl.first {
+			pl.p, pl.d, pl.start, pl.dur, pl.first = i, i, start, dur, first
+		}
+	}
+	r.resetPrefix()
+	return pl, why
+}
+
+// localSeconds projects a local prefill of tokens uncached prompt tokens on a decode engine, to
+// its first token: its prefill curve, and, chunked (profiles.X.chunked_prefill), the decode
+// steps its chunks ride on — as many as the budget left by the batch's tokens takes to carry
+// the prompt. Unchunked, the batch waits while the prompt is prefilled in one step.
+func (e *engine) localSeconds(tokens int) float64 {
+	d := e.prefillSeconds(tokens)
+	b := e.prof.ChunkedPrefill.BudgetTokens
+	if b <= 0 || e.streams == 0 {
+		return d
+	}
+	room := max(b-e.streams-e.foreign, 1)
+	chunks := (max(tokens, 1) + room - 1) / room
+	return d + float64(chunks)*e.stepSeconds(e.streams, e.kv)
 }
 
 // commit applies a plan to an admitted or waiting request.
@@ -351,18 +466,29 @@ func (r *Router) commit(t float64, slot int32, pl plan) Placement {
 	pe.prefilling++
 	pe.queued += pl.dur
 	pe.busyUntil = max(t, pe.busyUntil) + pl.dur
-	e.mixed = pe.streams > 0 && pl.p != pl.d
+	kind := Disaggregated
+	switch {
+	case pl.p != pl.d:
+		r.counters.Dispatched.Disaggregated++
+	case pl.p == int(r.fallback):
+		kind = Aggregate
+		r.counters.Dispatched.Aggregate++
+	default:
+		kind = Local
+		r.counters.Dispatched.Aggregate++ // both phases on one engine (docs: the contract's two kinds)
+		r.counters.Dispatched.Local++
+		r.counters.LocalPromptTokens += uint64(e.prompt)
+	}
+	// A prefill beside decode residents of another request is not like with like for the
+	// correction: a prefill engine's donor residents, or a local prefill's batch.
+	e.mixed = pe.streams > 0 && kind != Aggregate
+	if pl.p == pl.d {
+		pe.both++
+	}
 	de.streams++
 	de.kv += pl.need
 	de.drainOK = false
-	kind := Disaggregated
-	if pl.p == pl.d {
-		kind = Aggregate
-		r.counters.Dispatched.Aggregate++
-	} else {
-		r.counters.Dispatched.Disaggregated++
-	}
-	e.phase, e.aggregate = phasePrefilling, kind == Aggregate
+	e.phase, e.aggregate = phasePrefilling, pl.p == pl.d
 	e.prefill, e.decode = int16(pl.p), int16(pl.d)
 	e.dispatchAt, e.dur, e.kv, e.projFirst = t, pl.dur, pl.need, pl.first
 	step := de.stepSeconds(de.streams, de.kv)
@@ -382,7 +508,7 @@ func (r *Router) commit(t float64, slot int32, pl plan) Placement {
 	}
 	return Placement{
 		Kind: kind, Prefill: pe.id, Decode: de.id, PrefillAddr: pe.addr, DecodeAddr: de.addr,
-		ProjectedTTFT: e.projFirst - e.arrival,
+		ProjectedTTFT: e.projFirst - e.arrival, Why: pl.why, OtherTTFT: max(0, pl.other-e.arrival),
 	}
 }
 

@@ -58,6 +58,9 @@ func (r *Router) blamed(e *entry) int16 {
 func (r *Router) endPrefill(t float64, e *entry, observed bool) {
 	p := &r.engines[e.prefill]
 	p.prefilling--
+	if e.prefill == e.decode {
+		p.both--
+	}
 	p.queued = max(0, p.queued-e.dur)
 	if p.prefilling == 0 {
 		p.queued = 0

@@ -80,6 +80,8 @@ type engine struct {
 	corr       [2]float64 // prefill, decode correction factors
 	samples    [2]int
 	prefilling int     // prefill residents: dispatched here, no first token yet
+	both       int     // those of them that decode here too (aggregate or local): one request, counted once in its load
+	inPlace    bool    // it switches role in place (switch: sglang): a decode-mode server never prefills locally
 	queued     float64 // projected prefill seconds of those residents
 	busyUntil  float64 // projected end of the prefill work dispatched here (prefill work only)
 	drainAt    float64 // projected end of its decode residents' work, while drainOK
@@ -275,7 +277,7 @@ func (r *Router) SetFleet(now time.Time, snap fleet.Snapshot) {
 				e.ejected, e.failStreak = false, 0
 			}
 		}
-		e.role, e.live, e.addr, e.drainOK = fe.Role, live, fe.Addr, false
+		e.role, e.live, e.addr, e.drainOK, e.inPlace = fe.Role, live, fe.Addr, false, fe.InPlace
 		e.prepared = e.prepared && e.role == fleet.Decode && e.live
 	}
 	r.maxKV = 0

@@ -46,6 +46,9 @@ type Counters struct {
 	FirstTokenTimeouts uint64     `json:"first_token_timeouts"`
 	// ContextLengthExceeded counts offers answered 400 context_length_exceeded (also in Invalid).
 	ContextLengthExceeded uint64 `json:"context_length_exceeded"`
+	// LocalPromptTokens counts the prompt tokens of the requests placed on a decode engine to
+	// prefill locally (Dispatches.Local).
+	LocalPromptTokens uint64 `json:"local_prompt_tokens"`
 	// Ejections counts engines taken out of placement by passive health checking.
 	Ejections uint64 `json:"ejections"`
 	// PassedThrough counts the requests outside router.paths sent to an engine (PassThrough):
@@ -91,7 +94,10 @@ func (o *Overflow) Add(c Code) {
 // Dispatches counts placements by kind.
 type Dispatches struct {
 	Disaggregated uint64 `json:"disaggregated"`
-	Aggregate     uint64 `json:"aggregate"`
+	// Aggregate counts the placements with both phases on one engine: on the fallback, and
+	// on a decode engine prefilling locally (Local, which counts those again).
+	Aggregate uint64 `json:"aggregate"`
+	Local     uint64 `json:"local"`
 }
 
 // Total is every dispatch.

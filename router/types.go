@@ -113,13 +113,53 @@ type Kind uint8
 const (
 	Disaggregated Kind = iota + 1 // prefill on one engine, decode on another
 	Aggregate                     // both phases on the fallback engine, no handoff
+	// Local: both phases on a decode engine, which prefills the prompt itself (chunked beside
+	// its decode batch) while prefill engines are live (router.local_prefill). On the wire it
+	// is an aggregate placement: no prefiller, the decode engine the destination.
+	Local
 )
 
 func (k Kind) String() string {
-	if k == Aggregate {
+	switch k {
+	case Aggregate:
 		return "aggregate"
+	case Local:
+		return "local"
 	}
 	return "disaggregated"
+}
+
+// Why says why a request took its path, as priced at placement (router.local_prefill).
+type Why uint8
+
+// Reasons of a placement's path.
+const (
+	WhyOff    Why = iota // local prefill is off (or the placement is the fallback's)
+	WhySooner            // the path taken was projected to give the first token sooner
+	WhyAlways            // router.local_prefill: always, and a decode engine had room
+	WhyQueued            // local: no prefill engine had room now, and it would start there later
+	// Disaggregated for want of a local candidate (the closest one's reason, in this order):
+	WhyNoRoom  // no decode engine able to prefill had room for it
+	WhyTooLong // more uncached prompt tokens than router.local_prefill_max_tokens
+	WhyTPOT    // prefilled locally, the decode engine's residents would miss the TPOT SLO
+)
+
+func (w Why) String() string {
+	switch w {
+	case WhySooner:
+		return "sooner"
+	case WhyAlways:
+		return "always"
+	case WhyTooLong:
+		return "too_long"
+	case WhyNoRoom:
+		return "no_room"
+	case WhyTPOT:
+		return "residents_tpot"
+	case WhyQueued:
+		return "prefill_queued"
+	}
+	return "off"
 }
 
 // Placement is where a dispatched request goes.
@@ -131,6 +171,10 @@ type Placement struct {
 	PrefillAddr, DecodeAddr string
 	// ProjectedTTFT is the projected time to first token from the request's arrival, seconds.
 	ProjectedTTFT float64
+	// Why says why it took its path (disaggregated or local); OtherTTFT is the other path's
+	// projected time to first token from the arrival, 0 when it was not priced.
+	Why       Why
+	OtherTTFT float64
 }
 
 // Status of an offer or of a request the router reports on.

@@ -404,7 +404,7 @@ func (s *run) switches() {
 }
 
 // dispatch starts a placed request: its prefill on the prefill engine (disaggregated), or
-// both phases on the fallback engine (aggregate).
+// both phases on one engine (the fallback's aggregate, or a decode engine's local prefill).
 func (s *run) dispatch(i int, p router.Placement) {
 	o := &s.out[i]
 	o.kind, o.left = p.Kind, s.now
@@ -413,7 +413,7 @@ func (s *run) dispatch(i int, p router.Placement) {
 	prompt, output := max(q.InputTokens, 1), max(q.OutputTokens, 1)
 	prefix := o.prefix
 	o.prefix = nil
-	if p.Kind == router.Aggregate {
+	if p.Kind != router.Disaggregated {
 		o.onDecode = true
 		s.submit(s.engines[o.prefill], enginesim.Job{ID: uint64(i), Prompt: prompt, Output: output, Prefix: prefix})
 		return

@@ -227,10 +227,17 @@ func Outcome(id string, o router.Outcome) string {
 		return fmt.Sprintf("%s: waiting\n", id)
 	case router.Dispatched:
 		p := o.Placement
-		if p.Kind == router.Aggregate {
-			return fmt.Sprintf("%s: dispatched aggregate on %s ttft=%.3f\n", id, p.Prefill, p.ProjectedTTFT)
+		var why string
+		if p.Why != router.WhyOff {
+			why = " why=" + p.Why.String()
 		}
-		return fmt.Sprintf("%s: dispatched prefill=%s decode=%s ttft=%.3f\n", id, p.Prefill, p.Decode, p.ProjectedTTFT)
+		if p.OtherTTFT > 0 {
+			why += fmt.Sprintf(" other=%.3f", p.OtherTTFT)
+		}
+		if p.Kind != router.Disaggregated {
+			return fmt.Sprintf("%s: dispatched %s on %s ttft=%.3f%s\n", id, p.Kind, p.Prefill, p.ProjectedTTFT, why)
+		}
+		return fmt.Sprintf("%s: dispatched prefill=%s decode=%s ttft=%.3f%s\n", id, p.Prefill, p.Decode, p.ProjectedTTFT, why)
 	case router.Rejected:
 		s := fmt.Sprintf("%s: rejected %d %s", id, o.Code.Status(), o.Code)
 		if o.RetryAfterS > 0 {
