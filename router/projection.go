@@ -429,7 +429,7 @@ func (r *Router) planLocal(t float64, prompt int, need int64, prefix []uint64, o
 		}
 		start := max(t, e.busyUntil) + e.foreignPrefillLeft(t)
 		dur := e.localSeconds(n)
-		if guard && e.streams > 0 && e.stepSeconds(e.streams+1, e.kv+need)+(start+dur-t)/out > r.slo.TPOTS {
+		if guard && e.streams > 0 && e.localStep(need, start+dur-t, out) > r.localTPOTLimit(e, need) {
 			why = WhyTPOT
 			continue
 		}
@@ -439,6 +439,23 @@ func (r *Router) planLocal(t float64, prompt int, need int64, prefix []uint64, o
 	}
 	r.resetPrefix()
 	return pl, why
+}
+
+// localStep is the seconds per token a stream of engine e is projected while it prefills
+// locally: the step with one more stream reserving need KV tokens, plus work seconds of local
+// prefill spread over out tokens, the expected output of a stream.
+func (e *engine) localStep(need int64, work, out float64) float64 {
+	return e.stepSeconds(e.streams+1, e.kv+need) + work/out
+}
+
+// localTPOTLimit is the most localStep may reach on e: the TPOT SLO, and, as its streams live
+// longer in proportion to their step while the output asked of the engine holds (Little's law),
+// the step at which they would fill its streams or its KV cache — local prefill must not take
+// the decode capacity the engine's own streams need (docs/role-control.md section 3).
+func (r *Router) localTPOTLimit(e *engine, need int64) float64 {
+	d := e.prof.Decode
+	step := e.stepSeconds(e.streams+1, e.kv+need)
+	return min(r.slo.TPOTS, step*float64(d.MaxStreams)/float64(e.streams+1), step*float64(d.MaxKVTokens)/float64(e.kv+need))
 }
 
 // localSeconds projects a local prefill of tokens uncached prompt tokens on a decode engine, to
