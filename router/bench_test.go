@@ -11,9 +11,12 @@ import (
 )
 
 // benchRouter builds a router over n engines, half prefill and half decode.
-func benchRouter(b *testing.B, n int) *Router {
+func benchRouter(b *testing.B, n int, tweak ...func(*config.Config)) *Router {
 	b.Helper()
 	cfg := config.Default()
+	for _, f := range tweak {
+		f(cfg)
+	}
 	cfg.Router.WaitingSet.Capacity = 1 << 20
 	cfg.Router.WaitingSet.MaxWaitS = 1e9
 	for i := 0; i < n; i++ {
@@ -52,6 +55,26 @@ func BenchmarkPlace(b *testing.B) {
 				_ = r.Complete(now, o.Handle, 128)
 				if i%1024 == 0 {
 					r.Tick(now) // tidy finished handles as the live wrapper does
+				}
+			}
+		})
+		// Local prefill priced beside the disaggregated path (router.local_prefill: auto): every
+		// decode engine is a candidate too, and an idle fleet places locally.
+		b.Run(fmt.Sprintf("engines=%d/idle/local=auto", n), func(b *testing.B) {
+			r := benchRouter(b, n, func(c *config.Config) { c.Router.LocalPrefill = config.LocalPrefillAuto })
+			now := epoch
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				now = now.Add(time.Millisecond)
+				o := r.Offer(now, Offer{ID: "r", PromptTokens: 1024, MaxTokens: 128, Prefix: prefix})
+				if o.Status != Dispatched || o.Placement.Kind != Local {
+					b.Fatalf("not placed locally: %+v", o)
+				}
+				_ = r.FirstToken(now, o.Handle)
+				_ = r.Complete(now, o.Handle, 128)
+				if i%1024 == 0 {
+					r.Tick(now)
 				}
 			}
 		})

@@ -88,6 +88,8 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 
 func (d *driver) init(td *datadriven.TestData) {
 	cfg := config.Default()
+	// Scripts are disaggregated unless they say (local=...): each tests one behaviour.
+	cfg.Router.LocalPrefill = config.LocalPrefillOff
 	for _, a := range td.CmdArgs {
 		v := a.Vals[0]
 		f, _ := strconv.ParseFloat(v, 64)

@@ -182,7 +182,7 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 		// the priced demand at the split's prefill pool taken as a queue (its engines as
 		// servers of the pool's mean prefill time of the mean prompt, their total rate kept).
 		var queue float64
-		if n := len(sp.pool); d.ArrivalsPerS > 0 && n > 0 {
+		if n := sp.servers; d.ArrivalsPerS > 0 && n > 0 {
 			queue = poissonWait(n, d.ArrivalsPerS, float64(n)/sp.prefill.rate(meanPrompt))
 			probe += queue
 		}
@@ -229,7 +229,7 @@ func (p *pricing) load(r *Router, t, horizon float64, splits []Split) []splitSch
 		sp.prefill.reset()
 		for _, i := range sp.pool {
 			e := &r.engines[i]
-			sp.prefill.add(e.prof.Prefill, e.corr[0], r.freeAt(t, i), i)
+			sp.prefill.add(e.prof.Prefill, e.corr[0], 1, r.freeAt(t, i), i)
 		}
 		sp.decode.reset(len(r.engines))
 		kv, step := math.Inf(1), math.Inf(1)
@@ -243,15 +243,44 @@ func (p *pricing) load(r *Router, t, horizon float64, splits []Split) []splitSch
 		if n := len(sp.dec); n > 0 {
 			perStreams, perKV = (streams+n-1)/n, kvs/int64(n)
 		}
+		sp.servers = len(sp.pool)
 		for _, i := range sp.dec {
 			e := &r.engines[i]
 			sp.decode.add(e.prof.Decode, e.corr[1], p.streams[i], p.kv[i], i)
-			step = min(step, e.stepSeconds(max(e.streams, perStreams)+1, max(e.kv, perKV)))
+			streams, kvs := max(e.streams, perStreams)+1, max(e.kv, perKV)
+			s := e.stepSeconds(streams, kvs)
+			step = min(step, s)
+			if share := r.localShare(e, s, streams, kvs); share > 0 {
+				// A decode engine that prefills locally is a prefill server of the split, at the
+				// share of its time its streams can spare (docs/role-control.md section 3).
+				sp.prefill.add(e.prof.Prefill, e.corr[0], 1/share, max(t, e.busyUntil), i)
+				sp.servers++
+			}
 		}
 		sp.handoff, sp.step = kv+step, step
 	}
 	return ss
 }
+
+// localShare is the share of its time decode engine e gives local prefill, priced, when a
+// stream's step there is step with streams streams reserving kv KV tokens
+// (router.local_prefill: auto): what placement lets the step stretch to (localTPOTLimit),
+// 1 − step/limit; 0 for an engine that never prefills locally, or below minLocalShare.
+func (r *Router) localShare(e *engine, step float64, streams int, kv int64) float64 {
+	if r.cfg.LocalPrefill != config.LocalPrefillAuto || e.inPlace || e.prof.Prefill == nil || !e.live {
+		return 0
+	}
+	d := e.prof.Decode
+	limit := min(r.slo.TPOTS, step*float64(d.MaxStreams)/float64(streams), step*float64(d.MaxKVTokens)/float64(max(kv, 1)))
+	if share := math.Floor((1-step/limit)/minLocalShare) * minLocalShare; share >= minLocalShare {
+		return share // in steps of minLocalShare: engines of one curve share a few classes
+	}
+	return 0
+}
+
+// minLocalShare is the least share of a decode engine's time that pricing counts as a local
+// prefill server.
+const minLocalShare = 0.05
 
 // FirstTokenTimeoutAt is when the latest first-token timeout happened (false before any): the
 // controller restarts its arrival-evidence window from it (docs/role-control.md section 7).
@@ -360,6 +389,7 @@ func (p *pricing) residents(r *Router, t, horizon float64) {
 // waiting set found.
 type splitSched struct {
 	pool, dec              []int   // engine indices
+	servers                int     // prefill servers: the prefill pool, and the decode engines that prefill locally
 	handoff, step          float64 // step: one decode step on the fastest decode engine
 	prefill                prefillSched
 	decode                 decodeSched
@@ -377,7 +407,10 @@ type class[C any] struct {
 	curve *C
 	class int64
 	corr  float64 // the factor of its first engine, which prices them all
-	heap  minHeap
+	// hold (prefill) is how long a request holds an engine of the class, per second of its
+	// prefill: 1, or for a decode engine's local prefill 1/share (its streams keep the rest).
+	hold float64
+	heap minHeap
 }
 
 // resetClasses empties a class list, keeping its storage.
@@ -388,11 +421,11 @@ func resetClasses[C any](cs *[]class[C]) {
 	*cs = (*cs)[:0]
 }
 
-// join adds an engine with its heap key to the class of its curve and factor.
-func join[C any](cs *[]class[C], curve *C, corr, key float64, engine int) {
+// join adds an engine with its heap key to the class of its curve, factor and hold.
+func join[C any](cs *[]class[C], curve *C, corr, hold, key float64, engine int) {
 	k := classOf(corr)
 	for i := range *cs {
-		if c := &(*cs)[i]; c.curve == curve && c.class == k {
+		if c := &(*cs)[i]; c.curve == curve && c.class == k && c.hold == hold {
 			c.heap.push(key, uint64(engine))
 			return
 		}
@@ -403,7 +436,7 @@ func join[C any](cs *[]class[C], curve *C, corr, key float64, engine int) {
 		*cs = append(*cs, class[C]{})
 	}
 	c := &(*cs)[len(*cs)-1]
-	c.curve, c.class, c.corr = curve, k, corr
+	c.curve, c.class, c.corr, c.hold = curve, k, corr, hold
 	c.heap.push(key, uint64(engine))
 }
 
@@ -413,22 +446,25 @@ type prefillSched struct{ classes []class[config.PrefillCurve] }
 
 func (p *prefillSched) reset() { resetClasses(&p.classes) }
 
-func (p *prefillSched) add(curve *config.PrefillCurve, corr, free float64, engine int) {
-	join(&p.classes, curve, corr, free, engine)
+func (p *prefillSched) add(curve *config.PrefillCurve, corr, hold, free float64, engine int) {
+	join(&p.classes, curve, corr, hold, free, engine)
 }
 
 // schedule places one request of tokens arriving at arrival and returns when its prefill
-// completes (+Inf with no engine).
+// completes (+Inf with no engine). A local prefill server (hold above 1) gives the request
+// its prefill at full speed, and takes the next one hold times as late.
 func (p *prefillSched) schedule(tokens int, arrival float64) float64 {
-	best, done := -1, math.Inf(1)
+	best, done, free := -1, math.Inf(1), 0.0
 	for i := range p.classes {
 		c := &p.classes[i]
-		if end := max(c.heap.top(), arrival) + c.curve.Seconds(max(tokens, 1))*c.corr; end < done {
-			best, done = i, end
+		start := max(c.heap.top(), arrival)
+		d := c.curve.Seconds(max(tokens, 1)) * c.corr
+		if end := start + d; end < done {
+			best, done, free = i, end, start+d*c.hold
 		}
 	}
 	if best >= 0 {
-		p.classes[best].heap.fix(done)
+		p.classes[best].heap.fix(free)
 	}
 	return done
 }
@@ -439,7 +475,7 @@ func (p *prefillSched) rate(tokens int) float64 {
 	r := 0.0
 	for i := range p.classes {
 		c := &p.classes[i]
-		r += float64(c.heap.len()) / (c.curve.Seconds(max(tokens, 1)) * c.corr)
+		r += float64(c.heap.len()) / (c.curve.Seconds(max(tokens, 1)) * c.corr * c.hold)
 	}
 	return r
 }
@@ -462,7 +498,7 @@ func (d *decodeSched) reset(engines int) {
 
 func (d *decodeSched) add(curve *config.DecodeCurve, corr float64, streams int, kv int64, engine int) {
 	d.streams[engine], d.kv[engine] = streams, kv
-	join(&d.classes, curve, corr, curve.PerStreamS*float64(streams)+curve.PerKVTokenS*float64(kv), engine)
+	join(&d.classes, curve, corr, 1, curve.PerStreamS*float64(streams)+curve.PerKVTokenS*float64(kv), engine)
 }
 
 // place adds one stream reserving need KV tokens where it steps fastest.

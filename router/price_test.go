@@ -372,3 +372,46 @@ func TestPoissonWait(t *testing.T) {
 		}
 	}
 }
+
+// Pricing counts the prefill a decode engine does locally (router.local_prefill: auto,
+// docs/role-control.md section 3): with the prefill engine busy for ten seconds, a request is
+// priced at its own prefill on an idle decode engine, not behind that work; with local prefill
+// off, behind it. An engine that switches in place (SGLang) is never a local server.
+func TestPriceCountsLocalPrefill(t *testing.T) {
+	for _, tc := range []struct {
+		mode   string
+		sglang bool
+		local  bool
+	}{{config.LocalPrefillAuto, false, true}, {config.LocalPrefillOff, false, false}, {config.LocalPrefillAuto, true, false}} {
+		cfg := config.Default()
+		cfg.Router.LocalPrefill = tc.mode
+		p := cfg.Profiles[config.DefaultProfileName]
+		p.Prefill = &config.PrefillCurve{BaseS: 1, MaxTokens: 16384} // one second a prompt
+		cfg.Profiles[config.DefaultProfileName] = p
+		r := testRouter(t, cfg, "p prefill", "d decode")
+		if tc.sglang {
+			r.engines[r.byID["d"]].inPlace = true
+		}
+		r.engines[r.byID["p"]].busyUntil = 10
+		ps, _ := r.Price(at(0), Query{Splits: []Split{r.CurrentSplit()}, StepS: 0.5})
+		if got := ps[0].ProbeTTFT < 2; got != tc.local {
+			t.Errorf("%s (sglang %v): probe TTFT %.3f s; priced on the decode engine: %v, want %v", tc.mode, tc.sglang, ps[0].ProbeTTFT, got, tc.local)
+		}
+	}
+}
+
+// A local prefill server gives a request its prefill at full speed and takes the next one as
+// many times later as its share of time is small: at a share of a quarter, a one-second prefill
+// holds it for four.
+func TestPrefillSchedHold(t *testing.T) {
+	curve := &config.PrefillCurve{BaseS: 1, MaxTokens: 16384}
+	var p prefillSched
+	p.reset()
+	p.add(curve, 1, 4, 0, 0)
+	if first, second := p.schedule(100, 0), p.schedule(100, 0); first != 1 || second != 5 {
+		t.Fatalf("first done at %g, second at %g; want 1 and 5", first, second)
+	}
+	if r := p.rate(100); math.Abs(r-0.25) > 1e-9 {
+		t.Fatalf("rate %g prompts/s, want 0.25", r)
+	}
+}

@@ -289,6 +289,7 @@ type plan struct {
 	need       int64
 	why        Why
 	other      float64 // the other path's projected first-token time, 0 when not priced
+	work       float64 // local: the prefill seconds its chunks add to the decode engine's steps
 }
 
 // plan picks the engines for one request if an engine has room: the fallback engine for both
@@ -428,13 +429,14 @@ func (r *Router) planLocal(t float64, prompt int, need int64, prefix []uint64, o
 			continue
 		}
 		start := max(t, e.busyUntil) + e.foreignPrefillLeft(t)
-		dur := e.localSeconds(n)
-		if guard && e.streams > 0 && e.localStep(need, start+dur-t, out) > r.localTPOTLimit(e, need) {
+		work := e.prefillSeconds(n)
+		if guard && e.streams > 0 && e.localStep(need, r.localWork(e, t)+work, out) > r.localTPOTLimit(e, need) {
 			why = WhyTPOT
 			continue
 		}
+		dur := e.localSeconds(n)
 		if first := start + dur; pl.p < 0 || first < pl.first {
-			pl.p, pl.d, pl.start, pl.dur, pl.first = i, i, start, dur, first
+			pl.p, pl.d, pl.start, pl.dur, pl.first, pl.work = i, i, start, dur, first, work
 		}
 	}
 	r.resetPrefix()
@@ -442,10 +444,26 @@ func (r *Router) planLocal(t float64, prompt int, need int64, prefix []uint64, o
 }
 
 // localStep is the seconds per token a stream of engine e is projected while it prefills
-// locally: the step with one more stream reserving need KV tokens, plus work seconds of local
-// prefill spread over out tokens, the expected output of a stream.
+// locally: the step with one more stream reserving need KV tokens, stretched by the share of a
+// stream's life (out tokens at that step) that work seconds of local prefill take — the prefill
+// the chunks add to its steps, of the local prefill placed on it lately and this one's (+Inf
+// when they fill the life).
 func (e *engine) localStep(need int64, work, out float64) float64 {
-	return e.stepSeconds(e.streams+1, e.kv+need) + work/out
+	step := e.stepSeconds(e.streams+1, e.kv+need)
+	if share := work / (out * step); share < 1 {
+		return step / (1 - share)
+	}
+	return math.Inf(1)
+}
+
+// localWork is the prefill seconds of the local prefill placed on e lately, as of t: decayed with
+// the time constant of a stream's expected life there, the span its streams' steps feel it over.
+func (r *Router) localWork(e *engine, t float64) float64 {
+	if e.localWork == 0 {
+		return 0
+	}
+	life := float64(r.expectedOutput()) * e.stepSeconds(max(e.streams, 1), e.kv)
+	return e.localWork * math.Exp(-(t-e.localAt)/life)
 }
 
 // localTPOTLimit is the most localStep may reach on e: the TPOT SLO, and, as its streams live
@@ -495,10 +513,14 @@ func (r *Router) commit(t float64, slot int32, pl plan) Placement {
 		r.counters.Dispatched.Aggregate++ // both phases on one engine (docs: the contract's two kinds)
 		r.counters.Dispatched.Local++
 		r.counters.LocalPromptTokens += uint64(e.prompt)
+		pe.localWork = r.localWork(pe, t) + pl.work
+		pe.localAt, pe.localUntil = t, max(pe.localUntil, pl.start+pl.dur)
 	}
 	// A prefill beside decode residents of another request is not like with like for the
-	// correction: a prefill engine's donor residents, or a local prefill's batch.
-	e.mixed = pe.streams > 0 && kind != Aggregate
+	// correction (a prefill engine's donor residents); nor is a local prefill, chunked beside a
+	// batch that comes and goes: an engine's prefill samples are its prefill role's (the
+	// controller's profile-coverage gate counts them).
+	e.mixed = pe.streams > 0 && kind == Disaggregated || kind == Local
 	if pl.p == pl.d {
 		pe.both++
 	}

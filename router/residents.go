@@ -141,8 +141,10 @@ func (r *Router) Complete(now time.Time, h Handle, outputTokens int) error {
 		}
 		r.out.add(t, float64(out), dur)
 	}
-	if e.phase == phaseDecoding && !e.timedOut && !e.nonStream && out >= 2 && e.curveStep > 0 {
-		r.correct(&r.engines[e.decode], 1, (t-e.firstAt)/float64(out-1)/e.curveStep)
+	// A stream whose engine prefilled locally while it decoded had its steps widened by that
+	// work, which local placement prices itself (localStep): it is no sample of the decode curve.
+	if d := &r.engines[e.decode]; e.phase == phaseDecoding && !e.timedOut && !e.nonStream && out >= 2 && e.curveStep > 0 && d.localUntil <= e.firstAt {
+		r.correct(d, 1, (t-e.firstAt)/float64(out-1)/e.curveStep)
 	}
 	r.engines[r.destination(e)].failStreak = 0
 	r.counters.Completed++

@@ -79,23 +79,27 @@ type engine struct {
 	prof       config.Profile
 	corr       [2]float64 // prefill, decode correction factors
 	samples    [2]int
-	prefilling int     // prefill residents: dispatched here, no first token yet
-	both       int     // those of them that decode here too (aggregate or local): one request, counted once in its load
-	inPlace    bool    // it switches role in place (switch: sglang): a decode-mode server never prefills locally
-	queued     float64 // projected prefill seconds of those residents
-	busyUntil  float64 // projected end of the prefill work dispatched here (prefill work only)
-	drainAt    float64 // projected end of its decode residents' work, while drainOK
-	drainOK    bool    // drainAt is current (reset whenever its residents change)
-	waitWork   float64 // projected prefill seconds of waiting requests the projection assigned here
-	streams    int     // streams placed with this decode engine, not finished (decoding or reserved)
-	decoding   int     // those of them decoding here now (first token seen); the rest still prefill elsewhere
-	kv         int64   // KV tokens they reserve
-	prefillEnd float64 // when its last observed prefill ended (first token less the handoff)
-	failStreak int     // upstream failures in a row of requests sent to this engine
-	ejected    bool    // passive health took it out of placement; cleared once the fleet agrees
-	prepared   bool    // a decode donor being prepared (Prepare): new streams go elsewhere when they fit
-	foreign    int     // streams its metrics report beyond this router's (a decode engine; Observe)
-	obs        obsState
+	prefilling int  // prefill residents: dispatched here, no first token yet
+	both       int  // those of them that decode here too (aggregate or local): one request, counted once in its load
+	inPlace    bool // it switches role in place (switch: sglang): a decode-mode server never prefills locally
+	// Local prefill on a decode engine: the projected seconds of it placed lately, decayed over
+	// a stream's expected life (localWork, as of localAt), and the projected end of the latest
+	// (localUntil): its streams' steps were widened until then.
+	localWork, localAt, localUntil float64
+	queued                         float64 // projected prefill seconds of those residents
+	busyUntil                      float64 // projected end of the prefill work dispatched here (prefill work only)
+	drainAt                        float64 // projected end of its decode residents' work, while drainOK
+	drainOK                        bool    // drainAt is current (reset whenever its residents change)
+	waitWork                       float64 // projected prefill seconds of waiting requests the projection assigned here
+	streams                        int     // streams placed with this decode engine, not finished (decoding or reserved)
+	decoding                       int     // those of them decoding here now (first token seen); the rest still prefill elsewhere
+	kv                             int64   // KV tokens they reserve
+	prefillEnd                     float64 // when its last observed prefill ended (first token less the handoff)
+	failStreak                     int     // upstream failures in a row of requests sent to this engine
+	ejected                        bool    // passive health took it out of placement; cleared once the fleet agrees
+	prepared                       bool    // a decode donor being prepared (Prepare): new streams go elsewhere when they fit
+	foreign                        int     // streams its metrics report beyond this router's (a decode engine; Observe)
+	obs                            obsState
 	// gone: the engine left the fleet. Its slot stays while residents hold its index (they
 	// finish where they are); a slot without residents takes the next engine that joins.
 	gone bool
