@@ -270,8 +270,7 @@ func (r *Router) localShare(e *engine, step float64, streams int, kv int64) floa
 	if r.cfg.LocalPrefill != config.LocalPrefillAuto || e.inPlace || e.prof.Prefill == nil || !e.live {
 		return 0
 	}
-	d := e.prof.Decode
-	limit := min(r.slo.TPOTS, step*float64(d.MaxStreams)/float64(streams), step*float64(d.MaxKVTokens)/float64(max(kv, 1)))
+	limit := r.localLimit(e, step, streams, kv)
 	if share := math.Floor((1-step/limit)/minLocalShare) * minLocalShare; share >= minLocalShare {
 		return share // in steps of minLocalShare: engines of one curve share a few classes
 	}
