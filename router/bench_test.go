@@ -40,44 +40,32 @@ func benchRouter(b *testing.B, n int, tweak ...func(*config.Config)) *Router {
 func BenchmarkPlace(b *testing.B) {
 	prefix := []uint64{11, 12, 13, 14, 15, 16, 17, 18}
 	for _, n := range []int{8, 64, 1024} {
-		b.Run(fmt.Sprintf("engines=%d/idle", n), func(b *testing.B) {
-			r := benchRouter(b, n)
-			now := epoch
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				now = now.Add(time.Millisecond)
-				o := r.Offer(now, Offer{ID: "r", PromptTokens: 1024, MaxTokens: 128, Prefix: prefix})
-				if o.Status != Dispatched {
-					b.Fatalf("not placed: %+v", o)
+		// idle/local=auto: local prefill priced beside the disaggregated path
+		// (router.local_prefill: auto): every decode engine is a candidate too, and an idle
+		// fleet places locally.
+		for _, mode := range []struct {
+			name, local string
+			kind        Kind
+		}{{"", config.LocalPrefillOff, Disaggregated}, {"/local=auto", config.LocalPrefillAuto, Local}} {
+			b.Run(fmt.Sprintf("engines=%d/idle%s", n, mode.name), func(b *testing.B) {
+				r := benchRouter(b, n, func(c *config.Config) { c.Router.LocalPrefill = mode.local })
+				now := epoch
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					now = now.Add(time.Millisecond)
+					o := r.Offer(now, Offer{ID: "r", PromptTokens: 1024, MaxTokens: 128, Prefix: prefix})
+					if o.Status != Dispatched || o.Placement.Kind != mode.kind {
+						b.Fatalf("not placed %v: %+v", mode.kind, o)
+					}
+					_ = r.FirstToken(now, o.Handle)
+					_ = r.Complete(now, o.Handle, 128)
+					if i%1024 == 0 {
+						r.Tick(now) // tidy finished handles as the live wrapper does
+					}
 				}
-				_ = r.FirstToken(now, o.Handle)
-				_ = r.Complete(now, o.Handle, 128)
-				if i%1024 == 0 {
-					r.Tick(now) // tidy finished handles as the live wrapper does
-				}
-			}
-		})
-		// Local prefill priced beside the disaggregated path (router.local_prefill: auto): every
-		// decode engine is a candidate too, and an idle fleet places locally.
-		b.Run(fmt.Sprintf("engines=%d/idle/local=auto", n), func(b *testing.B) {
-			r := benchRouter(b, n, func(c *config.Config) { c.Router.LocalPrefill = config.LocalPrefillAuto })
-			now := epoch
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				now = now.Add(time.Millisecond)
-				o := r.Offer(now, Offer{ID: "r", PromptTokens: 1024, MaxTokens: 128, Prefix: prefix})
-				if o.Status != Dispatched || o.Placement.Kind != Local {
-					b.Fatalf("not placed locally: %+v", o)
-				}
-				_ = r.FirstToken(now, o.Handle)
-				_ = r.Complete(now, o.Handle, 128)
-				if i%1024 == 0 {
-					r.Tick(now)
-				}
-			}
-		})
+			})
+		}
 		b.Run(fmt.Sprintf("engines=%d/waiting=1000", n), func(b *testing.B) {
 			r := benchRouter(b, n)
 			now := epoch

@@ -312,11 +312,15 @@ func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64, only s
 		return pl, true
 	}
 	mode := r.cfg.LocalPrefill
-	pl, ok, later := r.planDisaggregated(t, prompt, need, prefix, only, mode != config.LocalPrefillOff)
-	if mode == config.LocalPrefillOff || mode == "" {
+	local := mode != config.LocalPrefillOff && mode != ""
+	cached := r.matchPrefix(prefix) // one match for both paths
+	pl, ok, later := r.planDisaggregated(t, prompt, need, cached, only, local)
+	if !local {
+		r.resetPrefix()
 		return pl, ok
 	}
-	lp, why := r.planLocal(t, prompt, need, prefix, only, mode == config.LocalPrefillAuto)
+	lp, why := r.planLocal(t, prompt, need, cached, only, mode == config.LocalPrefillAuto)
+	r.resetPrefix()
 	if lp.p < 0 {
 		pl.why = why
 		return pl, ok
@@ -347,9 +351,8 @@ func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64, only s
 // the lowest projected seconds per token within capacity. When no prefill engine has room now
 // and project is set, later is the first token the projection gives it on the prefill engine
 // that frees first (0 when none).
-func (r *Router) planDisaggregated(t float64, prompt int, need int64, prefix []uint64, only subset, project bool) (pl plan, ok bool, later float64) {
+func (r *Router) planDisaggregated(t float64, prompt int, need int64, cached func(int) int, only subset, project bool) (pl plan, ok bool, later float64) {
 	pl = plan{p: -1, d: -1, need: need}
-	cached := r.matchPrefix(prefix)
 	done, anyDone, anyEngine := math.Inf(1), math.Inf(1), -1
 	for _, i16 := range r.prefillPool {
 		i := int(i16)
@@ -377,13 +380,12 @@ func (r *Router) planDisaggregated(t float64, prompt int, need int64, prefix []u
 			pl.p, pl.dur, pl.start, done = i, dd, s, s+dd
 		}
 	}
-	r.resetPrefix()
 	decodeOnly := only
 	if r.cfg.Handoff == config.HandoffPrefill {
 		decodeOnly = nil // the destination is the prefill engine
 	}
 	if pl.p < 0 {
-		if anyEngine >= 0 {
+		if project && anyEngine >= 0 {
 			if d := r.bestDecode(need, false, decodeOnly); d >= 0 {
 				de := &r.engines[d]
 				later = anyDone + r.engines[anyEngine].prof.KVTransferS + de.stepSeconds(de.streams+1, de.kv+need)
@@ -409,10 +411,9 @@ func (r *Router) planDisaggregated(t float64, prompt int, need int64, prefix []u
 // stream, plus the local prefill work queued there (this one's included) spread over the
 // expected output of a stream (docs/role-control.md section 3). When none qualifies, p is -1 and
 // why says what stopped the closest candidate.
-func (r *Router) planLocal(t float64, prompt int, need int64, prefix []uint64, only subset, guard bool) (plan, Why) {
+func (r *Router) planLocal(t float64, prompt int, need int64, cached func(int) int, only subset, guard bool) (plan, Why) {
 	pl := plan{p: -1, d: -1, need: need}
 	why := WhyNoRoom
-	cached := r.matchPrefix(prefix)
 	var out float64
 	if guard {
 		out = float64(r.expectedOutput())
@@ -430,7 +431,7 @@ func (r *Router) planLocal(t float64, prompt int, need int64, prefix []uint64, o
 		}
 		start := max(t, e.busyUntil) + e.foreignPrefillLeft(t)
 		work := e.prefillSeconds(n)
-		if guard && e.streams > 0 && e.localStep(need, r.localWork(e, t)+work, out) > r.localTPOTLimit(e, need) {
+		if guard && e.streams > 0 && e.localStep(need, e.localWorkAt(t, out)+work, out) > r.localTPOTLimit(e, need) {
 			why = WhyTPOT
 			continue
 		}
@@ -439,7 +440,6 @@ func (r *Router) planLocal(t float64, prompt int, need int64, prefix []uint64, o
 			pl.p, pl.d, pl.start, pl.dur, pl.first, pl.work = i, i, start, dur, first, work
 		}
 	}
-	r.resetPrefix()
 	return pl, why
 }
 
@@ -456,14 +456,14 @@ func (e *engine) localStep(need int64, work, out float64) float64 {
 	return math.Inf(1)
 }
 
-// localWork is the prefill seconds of the local prefill placed on e lately, as of t: decayed with
-// the time constant of a stream's expected life there, the span its streams' steps feel it over.
-func (r *Router) localWork(e *engine, t float64) float64 {
+// localWorkAt is the prefill seconds of the local prefill placed on e lately, as of t: decayed
+// with the time constant of a stream's expected life there (out tokens at its step), the span
+// its streams' steps feel it over.
+func (e *engine) localWorkAt(t, out float64) float64 {
 	if e.localWork == 0 {
 		return 0
 	}
-	life := float64(r.expectedOutput()) * e.stepSeconds(max(e.streams, 1), e.kv)
-	return e.localWork * math.Exp(-(t-e.localAt)/life)
+	return e.localWork * math.Exp(-(t-e.localAt)/(out*e.stepSeconds(max(e.streams, 1), e.kv)))
 }
 
 // localTPOTLimit is the most localStep may reach on e with one more stream reserving need KV
@@ -526,7 +526,7 @@ func (r *Router) commit(t float64, slot int32, pl plan) Placement {
 		r.counters.Dispatched.Aggregate++ // both phases on one engine (docs: the contract's two kinds)
 		r.counters.Dispatched.Local++
 		r.counters.LocalPromptTokens += uint64(e.prompt)
-		pe.localWork = r.localWork(pe, t) + pl.work
+		pe.localWork = pe.localWorkAt(t, float64(r.expectedOutput())) + pl.work
 		pe.localAt, pe.localUntil = t, max(pe.localUntil, pl.start+pl.dur)
 	}
 	// A prefill beside decode residents of another request is not like with like for the
