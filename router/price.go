@@ -103,7 +103,8 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 	// counted there (alive); so are the residents (and the streams reserved by requests
 	// prefilling) still decoding then.
 	horizon := t + q.StepS
-	ss := r.pricing.load(r, t, horizon, q.Splits)
+	d := r.demand.estimate(t, r.expectedOutput()).Priced
+	ss := r.pricing.load(r, t, horizon, q.Splits, d.OutputTokensPerS)
 	settled := 0
 	for h := range r.waiting.all() {
 		e, _, err := r.lookup(h)
@@ -136,7 +137,6 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 			ss[k].worstTTFT = max(ss[k].worstTTFT, ss[k].ttft)
 		}
 	}
-	d := r.demand.estimate(t, r.expectedOutput()).Priced
 	meanPrompt, meanOutput := ProbePromptTokens, 0.0
 	if d.ArrivalsPerS > 0 {
 		meanPrompt = max(1, int(d.PromptTokensPerS/d.ArrivalsPerS))
@@ -210,13 +210,15 @@ func (sp *splitSched) alive(first, output, horizon float64) bool {
 // load prepares one scheduler per split at t: its prefill engines, each free when freeAt
 // says (whatever its role now), its decode engines with their residents decoding at the
 // horizon (residents), and the handoff every projected TTFT adds after the prefill: the KV
-// transfer and one decode step on the fastest decode engine (+Inf without one).
-func (p *pricing) load(r *Router, t, horizon float64, splits []Split) []splitSched {
+// transfer and one decode step on the fastest decode engine (+Inf without one). output is the
+// priced demand's output tokens a second, spread over each split's decode pool.
+func (p *pricing) load(r *Router, t, horizon float64, splits []Split, output float64) []splitSched {
 	p.residents(r, t, horizon)
 	for len(p.splits) < len(splits) {
 		p.splits = append(p.splits, splitSched{})
 	}
 	ss := p.splits[:len(splits)]
+	out := float64(r.expectedOutput())
 	streams, kvs := 0, int64(0)
 	for i := range r.engines {
 		streams, kvs = streams+r.engines[i].streams, kvs+r.engines[i].kv
@@ -250,7 +252,7 @@ func (p *pricing) load(r *Router, t, horizon float64, splits []Split) []splitSch
 			streams, kvs := max(e.streams, perStreams)+1, max(e.kv, perKV)
 			s := e.stepSeconds(streams, kvs)
 			step = min(step, s)
-			if share := r.localShare(e, s, streams, kvs); share > 0 {
+			if share := r.localShare(e, s, streams, kvs, max(output/float64(len(sp.dec)), e.outputRate(t, out))); share > 0 {
 				// A decode engine that prefills locally is a prefill server of the split, at the
 				// share of its time its streams can spare (docs/role-control.md section 3).
 				sp.prefill.add(e.prof.Prefill, e.corr[0], 1/share, max(t, e.busyUntil), i)
@@ -266,11 +268,11 @@ func (p *pricing) load(r *Router, t, horizon float64, splits []Split) []splitSch
 // stream's step there is step with streams streams reserving kv KV tokens
 // (router.local_prefill: auto): what placement lets the step stretch to (localTPOTLimit),
 // 1 − step/limit; 0 for an engine that never prefills locally, or below minLocalShare.
-func (r *Router) localShare(e *engine, step float64, streams int, kv int64) float64 {
+func (r *Router) localShare(e *engine, step float64, streams int, kv int64, rate float64) float64 {
 	if r.cfg.LocalPrefill != config.LocalPrefillAuto || e.inPlace || e.prof.Prefill == nil || !e.live {
 		return 0
 	}
-	limit := r.localLimit(e, step, streams, kv)
+	limit := r.localLimit(e, step, streams, kv, rate)
 	if share := math.Floor((1-step/limit)/minLocalShare) * minLocalShare; share >= minLocalShare {
 		return share // in steps of minLocalShare: engines of one curve share a few classes
 	}

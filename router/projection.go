@@ -132,7 +132,13 @@ func (r *Router) freeAt(t float64, i int) float64 {
 			}
 		}
 	}
-	return free + max(0, e.drainAt-t)
+	drain := max(0, e.drainAt-t)
+	// With local prefill, an engine prefills beside its residents at the share of its time
+	// they can spare (localShare): only the rest of their drain delays it.
+	if share := r.localShare(e, e.stepSeconds(e.streams, e.kv), e.streams, e.kv, e.outputRate(t, float64(r.expectedOutput()))); share > 0 {
+		drain *= 1 - share
+	}
+	return free + drain
 }
 
 // refreshDrains brings every engine's projected drain (freeAt's drainAt) up to date in one walk
@@ -290,6 +296,7 @@ type plan struct {
 	why        Why
 	other      float64 // the other path's projected first-token time, 0 when not priced
 	work       float64 // local: the prefill seconds its chunks add to the decode engine's steps
+	cost       float64 // local: the part of work the engine's streams need back (localCost)
 }
 
 // plan picks the engines for one request if an engine has room: the fallback engine for both
@@ -328,12 +335,12 @@ func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64, only s
 	switch {
 	case mode == config.LocalPrefillAlways:
 		lp.why = WhyAlways
-	case ok && pl.first <= lp.first:
+	case ok && pl.first <= lp.first+lp.cost:
 		pl.why, pl.other = WhySooner, lp.first
 		return pl, true
 	case ok:
 		lp.why = WhySooner
-	case later > 0 && later <= lp.first:
+	case later > 0 && later <= lp.first+lp.cost:
 		return pl, false // it waits for a prefill engine
 	default:
 		lp.why = WhyQueued
@@ -414,9 +421,11 @@ func (r *Router) planDisaggregated(t float64, prompt int, need int64, cached fun
 func (r *Router) planLocal(t float64, prompt int, need int64, cached func(int) int, only subset, guard bool) (plan, Why) {
 	pl := plan{p: -1, d: -1, need: need}
 	why := WhyNoRoom
-	var out float64
+	var out, rate float64
 	if guard {
 		out = float64(r.expectedOutput())
+		// The output the demand asks of each decode engine, as placement spreads it.
+		rate = r.demand.estimate(t, int64(out)).Priced.OutputTokensPerS / float64(max(len(r.decodePool), 1))
 	}
 	for _, i16 := range r.decodePool {
 		i := int(i16)
@@ -431,13 +440,18 @@ func (r *Router) planLocal(t float64, prompt int, need int64, cached func(int) i
 		}
 		start := max(t, e.busyUntil) + e.foreignPrefillLeft(t)
 		work := e.prefillSeconds(n)
-		if guard && e.streams > 0 && e.localStep(need, e.localWorkAt(t, out)+work, out) > r.localTPOTLimit(e, need) {
-			why = WhyTPOT
-			continue
+		var cost float64
+		if guard {
+			rate := max(rate, e.outputRate(t, out))
+			if e.streams > 0 && e.localStep(need, e.localWorkAt(t, out)+work, out) > r.localTPOTLimit(e, need, rate) {
+				why = WhyTPOT
+				continue
+			}
+			cost = localCost(work, e.busyShare(rate, e.streams+1, e.kv+need))
 		}
 		dur := e.localSeconds(n)
-		if first := start + dur; pl.p < 0 || first < pl.first {
-			pl.p, pl.d, pl.start, pl.dur, pl.first, pl.work = i, i, start, dur, first, work
+		if first := start + dur; pl.p < 0 || first+cost < pl.first+pl.cost {
+			pl.p, pl.d, pl.start, pl.dur, pl.first, pl.work, pl.cost = i, i, start, dur, first, work, cost
 		}
 	}
 	return pl, why
@@ -466,21 +480,61 @@ func (e *engine) localWorkAt(t, out float64) float64 {
 	return e.localWork * math.Exp(-(t-e.localAt)/(out*e.stepSeconds(max(e.streams, 1), e.kv)))
 }
 
+// outputRate is the output tokens a second e's streams make at t: their step, stretched by the
+// local prefill placed on e lately (localWorkAt, out tokens a stream).
+func (e *engine) outputRate(t, out float64) float64 {
+	if e.streams == 0 {
+		return 0
+	}
+	step := e.stepSeconds(e.streams, e.kv)
+	return float64(e.streams) * max(0, 1-e.localWorkAt(t, out)/(out*step)) / step
+}
+
 // localTPOTLimit is the most localStep may reach on e with one more stream reserving need KV
-// tokens (localLimit).
-func (r *Router) localTPOTLimit(e *engine, need int64) float64 {
-	return r.localLimit(e, e.stepSeconds(e.streams+1, e.kv+need), e.streams+1, e.kv+need)
+// tokens (localLimit), rate output tokens a second asked of it.
+func (r *Router) localTPOTLimit(e *engine, need int64, rate float64) float64 {
+	return r.localLimit(e, e.stepSeconds(e.streams+1, e.kv+need), e.streams+1, e.kv+need, rate)
 }
 
 // localLimit is the most a stream's step on e may stretch to by local prefill, when it is step
-// with streams streams reserving kv KV tokens: localTPOTShare of the TPOT SLO, and, as the
-// streams live longer in proportion to their step while the output asked of the engine holds
-// (Little's law), the step at which they would fill its streams or its KV cache — local prefill
-// must not take the decode capacity the engine's own streams need (docs/role-control.md
-// section 3).
-func (r *Router) localLimit(e *engine, step float64, streams int, kv int64) float64 {
+// with streams streams reserving kv KV tokens and rate output tokens a second are asked of it
+// (the demand's share, or what its streams make now when more): localTPOTShare of the TPOT SLO, and the step that leaves the engine only the
+// share of its time its streams can spare. Those streams live longer in proportion to their
+// step while the output asked of the engine holds (Little's law), and its step grows with
+// them: it carries at most the tokens a second of its fullest batch (its streams or its KV
+// cache full), so local prefill may take no more of its time than 1 − (the output asked of it
+// ÷ that) (docs/role-control.md section 3).
+func (r *Router) localLimit(e *engine, step float64, streams int, kv int64, rate float64) float64 {
+	spare := 1 - e.busyShare(rate, streams, kv)
+	if spare <= 0 {
+		return step
+	}
+	return min(r.slo.TPOTS*localTPOTShare, step/(1-spare))
+}
+
+// busyShare is the share of e's time rate output tokens a second take at its fullest batch:
+// its streams, or its KV cache at the KV per stream of streams streams reserving kv tokens,
+// full (1 or more: it cannot carry them).
+func (e *engine) busyShare(rate float64, streams int, kv int64) float64 {
 	d := e.prof.Decode
-	return min(r.slo.TPOTS*localTPOTShare, step*float64(d.MaxStreams)/float64(max(streams, 1)), step*float64(d.MaxKVTokens)/float64(max(kv, 1)))
+	full := float64(d.MaxStreams)
+	perKV := float64(kv) / float64(max(streams, 1))
+	if perKV > 0 {
+		full = min(full, float64(d.MaxKVTokens)/perKV)
+	}
+	if full < 1 {
+		return 1
+	}
+	return rate * e.stepSeconds(int(full), int64(full*perKV)) / full
+}
+
+// localCost is what a local prefill of work prefill seconds costs an engine whose streams need
+// busy of its time (busyShare): the part of work they would have used. Local must bring the
+// first token sooner than the disaggregated path by at least that: on an idle engine any gain
+// does, on one its streams need whole the gain must repay all the decode time it takes — the
+// prefill engines' time costs no stream a step (docs/role-control.md section 3).
+func localCost(work, busy float64) float64 {
+	return work * min(1, max(0, busy))
 }
 
 // localTPOTShare is the share of the TPOT SLO a stream's mean step may reach by local prefill.
