@@ -332,8 +332,6 @@ engines:
 			line: `profiles.big.decode.base_s: must be > 0, got 0`},
 		{name: "chunk budget zero", src: "profiles:\n  big:\n    decode: {base_s: 0.01}\n    prefill: {base_s: 0.02, per_token_s: 0.0001}\n    chunked_prefill: {budget_tokens: -1}\n" + twoEngines,
 			line: `profiles.big.chunked_prefill.budget_tokens: must be >= 0, got -1`},
-		{name: "chunks without a prefill curve", src: "profiles:\n  big:\n    decode: {base_s: 0.01}\n    chunked_prefill: {budget_tokens: 8192}\n" + twoEngines,
-			line: `profiles.big.chunked_prefill: needs a prefill curve: a chunk costs its share of it`},
 		{name: "profile without curves", src: "profiles:\n  empty: {kv_transfer_s: 0}\n" + twoEngines,
 			line: `profiles.empty: must have a prefill curve, a decode curve or both`},
 		{name: "bad profile name", src: "profiles:\n  \"big one\": {decode: {base_s: 0.01}}\n" + twoEngines,
@@ -527,11 +525,13 @@ engines:
 		Prefill:            &PrefillCurve{BaseS: 0.03, PerTokenS: 2.0e-5, MaxTokens: 16384},
 		PrefillConcurrency: 4,
 		KVTransferS:        0.005,
+		ChunkedPrefill:     ChunkedPrefill{BudgetTokens: 8192},
 	}
 	wantSmall := Profile{
 		PrefillConcurrency: 2,
 		Decode:             &DecodeCurve{BaseS: 0.01, MaxStreams: 256, MaxKVTokens: 945000},
 		KVTransferS:        0.005,
+		ChunkedPrefill:     ChunkedPrefill{BudgetTokens: 8192},
 	}
 	if got := cfg.Profiles["big"]; !reflect.DeepEqual(got, wantBig) {
 		t.Errorf("big = %+v %+v, want %+v %+v", got, got.Prefill, wantBig, wantBig.Prefill)

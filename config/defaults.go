@@ -17,7 +17,7 @@ func Default() *Config {
 			Handoff:             HandoffDecode,
 			Sizing:              Sizing{Method: SizingBytes, Encoding: "cl100k_base", NonTextTokens: 576},
 			PrefixAffinity:      PrefixAffinity{Enabled: true, BlockTokens: 64, Entries: 100000},
-			LocalPrefill:        LocalPrefillOff, LocalPrefillMaxTokens: 16384,
+			LocalPrefill:        LocalPrefillAuto, LocalPrefillMaxTokens: 16384,
 		},
 		Controller: Controller{
 			MinPrefill: 1,
@@ -65,6 +65,7 @@ func DefaultProfile() Profile {
 		PrefillConcurrency: 4,
 		Decode:             &DecodeCurve{BaseS: 0.0045, PerStreamS: 2.8e-5, PerKVTokenS: 3.08e-8, MaxStreams: 256, MaxKVTokens: 945000},
 		KVTransferS:        0.005,
+		ChunkedPrefill:     ChunkedPrefill{BudgetTokens: 8192},
 	}
 }
 
@@ -74,6 +75,7 @@ func (p *Profile) setDefaults() {
 	d := DefaultProfile()
 	p.PrefillConcurrency = d.PrefillConcurrency
 	p.KVTransferS = d.KVTransferS
+	p.ChunkedPrefill = d.ChunkedPrefill
 }
 
 func (c *PrefillCurve) setDefaults() { c.MaxTokens = DefaultProfile().Prefill.MaxTokens }

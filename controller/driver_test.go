@@ -162,6 +162,7 @@ func (d *driver) evaluate(now time.Time, verbose, refuse bool, b *strings.Builde
 
 func (d *driver) init(td *datadriven.TestData) {
 	cfg := config.Default()
+	cfg.Router.LocalPrefill = config.LocalPrefillOff // the scripts' splits carry what they say
 	th, re := &cfg.Controller.Thresholds, &cfg.Controller.Reactive
 	prof := cfg.Profiles[config.DefaultProfileName]
 	dc := *prof.Decode

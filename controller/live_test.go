@@ -50,6 +50,7 @@ type urgentFixture struct {
 func newUrgentFixture(t *testing.T, persist func(*decisionlog.Decision, Durable) error) *urgentFixture {
 	t.Helper()
 	cfg := config.Default()
+	cfg.Router.LocalPrefill = config.LocalPrefillOff // only a move relieves the prefill pool
 	cfg.Controller.Reactive.UrgentDelayS = 0.05
 	cfg.Controller.Reactive.EvidenceSpanS = 0.01
 	cfg.Controller.Reactive.EvidenceMinArrivals = 0

@@ -49,6 +49,7 @@ func newHarness(t testing.TB, mode gateway.Mode, tweak func(*config.Config), rol
 		roles = []string{"prefill", "prefill", "decode", "decode"}
 	}
 	cfg := config.Default()
+	cfg.Router.LocalPrefill = config.LocalPrefillOff // the disaggregated wire; TestLocalPrefill has the local one
 	cfg.Profiles = map[string]config.Profile{"fast": fastProfile()}
 	for i, role := range roles {
 		cfg.Engines = append(cfg.Engines, config.Engine{ID: fmt.Sprintf("e%d", i+1), Address: fmt.Sprintf("10.9.0.%d:8000", i+1), Role: role, Profile: "fast"})

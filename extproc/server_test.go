@@ -85,6 +85,7 @@ func newFixtureWith(t *testing.T, mode gateway.Mode, tweak func(*config.Config),
 		roles = []string{"prefill", "prefill", "decode", "decode"}
 	}
 	cfg := config.Default()
+	cfg.Router.LocalPrefill = config.LocalPrefillOff // the disaggregated wire; TestLocalPrefill has the local one
 	cfg.Profiles = map[string]config.Profile{"fast": fastProfile()}
 	fx := &fixture{t: t, cfg: cfg, engines: map[string]*httptest.Server{}, addr: map[string]string{}}
 	for i, role := range roles {

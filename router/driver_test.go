@@ -88,8 +88,12 @@ func (d *driver) run(t *testing.T, td *datadriven.TestData) string {
 
 func (d *driver) init(td *datadriven.TestData) {
 	cfg := config.Default()
-	// Scripts are disaggregated unless they say (local=...): each tests one behaviour.
+	// Scripts are disaggregated and unchunked unless they say (local=..., budget=...): each
+	// tests one behaviour.
 	cfg.Router.LocalPrefill = config.LocalPrefillOff
+	p := cfg.Profiles[config.DefaultProfileName]
+	p.ChunkedPrefill.BudgetTokens = 0
+	cfg.Profiles[config.DefaultProfileName] = p
 	for _, a := range td.CmdArgs {
 		v := a.Vals[0]
 		f, _ := strconv.ParseFloat(v, 64)

@@ -16,6 +16,7 @@ import (
 func liveFixture(t *testing.T, tweak func(*config.Config)) (*Live, *fleet.Fleet, context.CancelFunc) {
 	t.Helper()
 	cfg := config.Default()
+	cfg.Router.LocalPrefill = config.LocalPrefillOff // requests wait for a prefill engine
 	for i, role := range []string{"prefill", "prefill", "decode", "decode"} {
 		cfg.Engines = append(cfg.Engines, config.Engine{ID: fmt.Sprintf("e%d", i+1), Address: fmt.Sprintf("10.0.0.%d:8000", i+1), Role: role, Profile: config.DefaultProfileName})
 	}

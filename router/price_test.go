@@ -47,6 +47,7 @@ func TestPriceInjectsFractionalDemand(t *testing.T) {
 // the same FIFO prefix, whichever splits come with it.
 func TestPriceSplitsTogetherAsAlone(t *testing.T) {
 	cfg := config.Default()
+	cfg.Router.LocalPrefill = config.LocalPrefillOff // prefill engines alone bring a request forward
 	r := testRouter(t, cfg, "p1 prefill", "p2 prefill", "d1 decode", "d2 decode", "d3 decode")
 	var target Handle
 	for k := 0; k < 40; k++ {

@@ -498,18 +498,18 @@ func (r *Router) localTPOTLimit(e *engine, need int64, rate float64) float64 {
 
 // localLimit is the most a stream's step on e may stretch to by local prefill, when it is step
 // with streams streams reserving kv KV tokens and rate output tokens a second are asked of it
-// (the demand's share, or what its streams make now when more): localTPOTShare of the TPOT SLO, and the step that leaves the engine only the
-// share of its time its streams can spare. Those streams live longer in proportion to their
-// step while the output asked of the engine holds (Little's law), and its step grows with
-// them: it carries at most the tokens a second of its fullest batch (its streams or its KV
-// cache full), so local prefill may take no more of its time than 1 − (the output asked of it
-// ÷ that) (docs/role-control.md section 3).
+// (the demand's share, or what its streams make now when more): localTPOTShare of the TPOT
+// SLO, and the step that leaves the engine's streams the share of its time they need. They live
+// longer in proportion to their step while the output asked of the engine holds (Little's law),
+// and its step grows with them: it carries at most the tokens a second of its fullest batch, so
+// local prefill may take no more of its time than 1 − busyShare (docs/role-control.md section
+// 3). The stretched step step/(1 − share) at that share is step/busy.
 func (r *Router) localLimit(e *engine, step float64, streams int, kv int64, rate float64) float64 {
-	spare := 1 - e.busyShare(rate, streams, kv)
-	if spare <= 0 {
+	busy := e.busyShare(rate, streams, kv)
+	if busy >= 1 {
 		return step
 	}
-	return min(r.slo.TPOTS*localTPOTShare, step/(1-spare))
+	return min(r.slo.TPOTS*localTPOTShare, step/busy) // an idle engine (busy 0) spares all
 }
 
 // busyShare is the share of e's time rate output tokens a second take at its fullest batch:

@@ -77,8 +77,11 @@ type PolicyReport struct {
 	GoodputRPS    float64 `json:"goodput_rps"` // requests meeting the SLO per second of the span
 	// TTFTS and TPOTS are the completed requests' percentiles (TPOT over those with two tokens
 	// or more), null when there are none.
-	TTFTS              *history.Quantiles `json:"ttft_s"`
-	TPOTS              *history.Quantiles `json:"tpot_s"`
+	TTFTS *history.Quantiles `json:"ttft_s"`
+	TPOTS *history.Quantiles `json:"tpot_s"`
+	// TTFTShortS is TTFTS over the prompts under ShortPromptTokens: a chat turn, whose first
+	// token a KV handoff and a second queue delay most for the least work.
+	TTFTShortS         *history.Quantiles `json:"ttft_short_s"`
 	RoleChanges        int                `json:"role_changes"`
 	RoleChangesPerHour float64            `json:"role_changes_per_hour"`
 	ReversalsPerHour   float64            `json:"reversals_per_hour"`
@@ -317,7 +320,7 @@ func (rep *Report) summary(cfg *config.Config, name string) (PolicyReport, error
 func (rep *Report) summarize(cfg *config.Config, name string, s *run) (PolicyReport, error) {
 	pr := PolicyReport{Policy: name, Requests: len(s.out)}
 	slo := cfg.SLO
-	var ttfts, tpots []float64
+	var ttfts, tpots, short []float64
 	nw := int(rep.SpanS/rep.WindowS) + 1
 	pr.Windows = make([]Window, nw)
 	winTTFT := make([][]float64, nw)
@@ -344,6 +347,9 @@ func (rep *Report) summarize(cfg *config.Config, name string, s *run) (PolicyRep
 			tpots = append(tpots, tpot)
 		}
 		ttfts = append(ttfts, ttft)
+		if s.reqs[i].InputTokens < ShortPromptTokens {
+			short = append(short, ttft)
+		}
 		winTTFT[w] = append(winTTFT[w], ttft)
 		if ttft <= slo.TTFTS && tpot <= slo.TPOTS {
 			met++
@@ -352,7 +358,7 @@ func (rep *Report) summarize(cfg *config.Config, name string, s *run) (PolicyRep
 	}
 	pr.SLOAttainment = float64(met) / float64(max(len(s.out), 1))
 	pr.GoodputRPS = float64(met) / math.Max(rep.SpanS, 1)
-	pr.TTFTS, pr.TPOTS = PercentilesOf(ttfts), PercentilesOf(tpots)
+	pr.TTFTS, pr.TPOTS, pr.TTFTShortS = PercentilesOf(ttfts), PercentilesOf(tpots), PercentilesOf(short)
 	for w := range pr.Windows {
 		pr.Windows[w].StartS = float64(w) * rep.WindowS
 		pr.Windows[w].TTFTP99 = PercentilesOf(winTTFT[w]).At(99)
@@ -467,6 +473,9 @@ func timeToAdapt(changes []Change, moves []roleChange) *float64 {
 	v := lags[len(lags)/2]
 	return &v
 }
+
+// ShortPromptTokens bounds the prompts of a report's TTFTShortS.
+const ShortPromptTokens = 1024
 
 // PercentilesOf is the nearest-rank p50, p90 and p99 of xs, sorting xs in place; nil when xs is
 // empty, so that a report writes null rather than zeros for a distribution without samples.

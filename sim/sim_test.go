@@ -322,6 +322,7 @@ func TestThresholdPlannerExpandsAMissingPool(t *testing.T) {
 		reqs[i].InputTokens, reqs[i].OutputTokens = 6000, 20
 	}
 	cfg := fleetConfig(t, 4, 1)
+	cfg.Router.LocalPrefill = config.LocalPrefillOff // the missing pool is not carried locally
 	rep := simulate(t, cfg, reqs, "threshold,static", nil)
 	th, st := policy(t, rep, "threshold"), policy(t, rep, "static")
 	if th.RoleChanges == 0 {
@@ -652,5 +653,28 @@ func readLog(t *testing.T, rep *Report, fn func(decisionlog.Line)) {
 	}
 	if err := decisionlog.Read(&log, func(l decisionlog.Line) error { fn(l); return nil }); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The report's ttft_short_s covers only the completed requests with prompts under
+// ShortPromptTokens: none, null; a light load of short and long prompts, the short ones' first
+// tokens come sooner than the whole's.
+func TestReportTTFTShort(t *testing.T) {
+	reqs, _ := synthetic(t, Synthetic{Kind: "onoff", RatePerS: 4, DurationS: 120, Seed: 3})
+	for i := range reqs {
+		reqs[i].InputTokens, reqs[i].OutputTokens = 6000, 20
+	}
+	cfg := fleetConfig(t, 4, 2)
+	if p := policy(t, simulate(t, cfg, reqs, "static", nil), "static"); p.TTFTShortS != nil || p.TTFTS == nil {
+		t.Fatalf("no short prompt: ttft_short_s %+v, ttft_s %+v", p.TTFTShortS, p.TTFTS)
+	}
+	for i := range reqs {
+		if i%2 == 0 {
+			reqs[i].InputTokens = ShortPromptTokens - 1
+		}
+	}
+	p := policy(t, simulate(t, cfg, reqs, "static", nil), "static")
+	if p.TTFTShortS == nil || p.TTFTShortS.P50 >= p.TTFTS.P90 || p.TTFTShortS.P99 >= p.TTFTS.P99 {
+		t.Fatalf("ttft_short_s %+v against ttft_s %+v", p.TTFTShortS, p.TTFTS)
 	}
 }

@@ -198,10 +198,11 @@ func getDecisions(t *testing.T, admin string) []decisionView {
 // controlConfig is the config of the role-control end-to-end tests for engines (e1 prefill, e2
 // and e3 decode), listening on ports the system picks: one prefill slot per engine, a fast
 // urgent path (urgentS) and evidence window, monitor passes every monitorS, quick shutdown;
-// extra adds top-level keys (not these).
+// extra adds top-level keys (not these). Disaggregated only: a move is what relieves the prefill
+// engine.
 func controlConfig(engines []string, monitorS, urgentS float64, extra string) string {
 	return fmt.Sprintf(`listen: {admin: %q, extproc: %q, xds: %q}
-router: {waiting_set: {max_wait_s: 60}, first_token_timeout_s: 60}
+router: {waiting_set: {max_wait_s: 60}, first_token_timeout_s: 60, local_prefill: off}
 shutdown_grace_s: 1
 controller:
   monitor: {interval_s: %g}

@@ -47,6 +47,7 @@ health: {interval_s: 0.1, timeout_s: 0.1, unhealthy_after: 3, healthy_after: 3, 
 shutdown_grace_s: 1
 state: {dir: %q}
 discovery: {file: {path: %q}}
+router: {local_prefill: off}
 `, anyPort, anyPort, anyPort, filepath.Join(dir, "state"), endpoints)
 	admin, extprocAddr, xdsAddr := start(t, "serve", "--config", writeConfig(t, cfg)).serving(t)
 	waitFor(t, admin, 10*time.Second, "p1 and d1 active", allActive(2))

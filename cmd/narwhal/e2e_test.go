@@ -178,7 +178,10 @@ type stateView struct {
 		Seq uint64 `json:"seq"`
 	} `json:"decisions"`
 	Counters struct {
-		Offers uint64 `json:"offers"`
+		Offers     uint64 `json:"offers"`
+		Dispatched struct {
+			Local uint64 `json:"local"`
+		} `json:"dispatched"`
 	} `json:"counters"`
 }
 

@@ -32,7 +32,7 @@ func TestShutdownAnswersWaiting(t *testing.T) {
 	const waiting = 200
 	_, engines := startEngines(t, "prefill", "decode")
 	cfg := fmt.Sprintf(`listen: {admin: %q, extproc: %q, xds: %q}
-router: {waiting_set: {capacity: 1000, max_wait_s: 120}, first_token_timeout_s: 120}
+router: {waiting_set: {capacity: 1000, max_wait_s: 120}, first_token_timeout_s: 120, local_prefill: off}
 shutdown_grace_s: 1
 profiles:
   one:

@@ -98,14 +98,26 @@ func TestTraceReplay(t *testing.T) {
 		}
 		byStatus[key]++
 	}
-	placed := 0
+	placed, local := 0, 0
 	for _, o := range gw.Outcomes() {
 		if o.Status != 200 {
 			continue
 		}
 		placed++
-		// The role controller may move engines between the roles while the trace plays.
-		if p := o.Placement.Get(wire.HeaderPrefiller); o.Placement.Get(wire.HeaderPlacement) != "disaggregated" || !engine[p] || !engine[o.Upstream] || p == o.Upstream {
+		// The role controller may move engines between the roles while the trace plays; a
+		// decode engine may prefill a request itself (router.local_prefill: auto), llm-d's
+		// decode-only path: no prefiller.
+		switch p := o.Placement.Get(wire.HeaderPrefiller); o.Placement.Get(wire.HeaderPlacement) {
+		case "disaggregated":
+			if !engine[p] || !engine[o.Upstream] || p == o.Upstream {
+				t.Fatalf("placement %v to %s", o.Placement, o.Upstream)
+			}
+		case "aggregate":
+			if p != "" || !engine[o.Upstream] {
+				t.Fatalf("placement %v to %s", o.Placement, o.Upstream)
+			}
+			local++
+		default:
 			t.Fatalf("placement %v to %s", o.Placement, o.Upstream)
 		}
 	}
@@ -130,7 +142,7 @@ func TestTraceReplay(t *testing.T) {
 		}
 	}
 	c, r := st.Counters, st.Retained
-	t.Logf("%d requests in %v (%.1f/s offered): %v; counters %+v", len(reqs), elapsed.Round(time.Millisecond), float64(len(reqs))/elapsed.Seconds(), byStatus, c)
+	t.Logf("%d requests in %v (%.1f/s offered): %v, %d prefilled locally; counters %+v", len(reqs), elapsed.Round(time.Millisecond), float64(len(reqs))/elapsed.Seconds(), byStatus, local, c)
 	snap := router.Snapshot{Counters: c, Retained: r}
 	switch {
 	case c.Offers != uint64(len(reqs)):
@@ -139,8 +151,10 @@ func TestTraceReplay(t *testing.T) {
 		t.Fatalf("not conserved: %s", snap.Conserved())
 	case r.Waiting+r.Prefilling+r.Decoding != 0 || r.WaitingTokens+r.AwaitingOutputTokens != 0:
 		t.Fatalf("gauges not back to zero: %+v", r)
-	case c.Completed != uint64(byStatus["200"]) || uint64(placed) != c.Completed || c.Dispatched.Aggregate != 0:
+	case c.Completed != uint64(byStatus["200"]) || uint64(placed) != c.Completed:
 		t.Fatalf("completed %d, 200s %d, placed %d", c.Completed, byStatus["200"], placed)
+	case c.Dispatched.Aggregate != c.Dispatched.Local || uint64(local) > c.Dispatched.Local: // no fallback engine here
+		t.Fatalf("dispatched %+v, %d answered locally", c.Dispatched, local)
 	case c.Completed < uint64(len(reqs))*9/10:
 		t.Fatalf("only %d of %d completed", c.Completed, len(reqs))
 	}
