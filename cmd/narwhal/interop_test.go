@@ -60,44 +60,53 @@ func (f *pdFleet) addresses() []string {
 }
 
 // The happy path, proven from the engines' side: every request of a load through Narwhal is
-// answered, each placed disaggregated, and the prefill emulators served one prefill leg per
-// request (vllm:request_success_total{finish_reason="remote_decode"}) while the decode
-// emulators finished every request. narwhal load names the model the engines serve (their
-// /v1/models) without --model, and asks for usage, which the emulator, like vLLM, streams only
-// when asked: Narwhal's sizing calibrates on every request. (Before, load sent model
-// narwhal-demo, which the emulator answers 404, and after 455 requests sizing had 1 sample.)
+// answered; with local prefill off each is placed disaggregated, and the prefill emulators
+// served one prefill leg per request (vllm:request_success_total{finish_reason="remote_decode"})
+// while the decode emulators finished every request. With auto (the default) a light load goes
+// mostly local — llm-d's decode-only path, no x-prefiller-host-port, the sidecar passing the
+// request to its own engine — and the prefill legs are exactly the disaggregated placements.
+// narwhal load names the model the engines serve (their /v1/models) without --model, and asks
+// for usage, which the emulator, like vLLM, streams only when asked: Narwhal's sizing
+// calibrates on every request. (Before, load sent model narwhal-demo, which the emulator
+// answers 404, and after 455 requests sizing had 1 sample.)
 func TestInteropPDThroughSidecars(t *testing.T) {
-	f := startPDFleet(t)
-	cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, f.addresses()))
-	admin, extproc, _ := start(t, "serve", "--config", cfg).serving(t)
-	waitFor(t, admin, 20*time.Second, "four active engines", allActive(4))
+	for _, local := range []string{"off", "auto"} {
+		t.Run(local, func(t *testing.T) {
+			f := startPDFleet(t)
+			cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, f.addresses())+"router: {local_prefill: "+local+"}\n")
+			admin, extproc, _ := start(t, "serve", "--config", cfg).serving(t)
+			waitFor(t, admin, 20*time.Second, "four active engines", allActive(4))
 
-	sum, stderr, err := runLoad(cfg, admin, extproc, 10, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(stderr, "load: model "+llmdtest.Model+" (GET /v1/models of engine e1") {
-		t.Errorf("load did not name the engines' model:\n%s", stderr)
-	}
-	if sum.Sent < 20 || sum.OK != sum.Sent || sum.Failed != 0 {
-		t.Fatalf("summary %+v\n%s", sum, stderr)
-	}
-	st, err := getStateAs[dispatchedView](admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var legs, finished float64
-	for _, p := range f.prefill {
-		legs += p.Counter(t, "vllm:request_success_total", "finish_reason=remote_decode")
-	}
-	for _, d := range f.decode {
-		finished += d.Counter(t, "vllm:request_success_total", "finish_reason=stop") + d.Counter(t, "vllm:request_success_total", "finish_reason=length")
-	}
-	if d := st.Counters.Dispatched.Disaggregated; d != uint64(sum.Sent) || legs != float64(d) || finished != float64(sum.Sent) {
-		t.Fatalf("%d sent, %d placed disaggregated; the prefill emulators served %v prefill legs, the decode emulators finished %v", sum.Sent, d, legs, finished)
-	}
-	if n := st.samples(llmdtest.Model); n < sum.Sent*9/10 {
-		t.Errorf("sizing calibrated on %d of %d requests: the streams carried no usage", n, sum.Sent)
+			sum, stderr, err := runLoad(cfg, admin, extproc, 10, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(stderr, "load: model "+llmdtest.Model+" (GET /v1/models of engine e1") {
+				t.Errorf("load did not name the engines' model:\n%s", stderr)
+			}
+			if sum.Sent < 20 || sum.OK != sum.Sent || sum.Failed != 0 {
+				t.Fatalf("summary %+v\n%s", sum, stderr)
+			}
+			st, err := getStateAs[dispatchedView](admin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var legs, finished float64
+			for _, p := range f.prefill {
+				legs += p.Counter(t, "vllm:request_success_total", "finish_reason=remote_decode")
+			}
+			for _, d := range f.decode {
+				finished += d.Counter(t, "vllm:request_success_total", "finish_reason=stop") + d.Counter(t, "vllm:request_success_total", "finish_reason=length")
+			}
+			d, l := st.Counters.Dispatched.Disaggregated, st.Counters.Dispatched.Local
+			if d+l != uint64(sum.Sent) || legs != float64(d) || finished != float64(sum.Sent) || (local == "off") != (l == 0) {
+				t.Fatalf("%d sent, %d placed disaggregated, %d local; the prefill emulators served %v prefill legs, the decode emulators finished %v", sum.Sent, d, l, legs, finished)
+			}
+			t.Logf("%d sent, %d placed disaggregated, %d local", sum.Sent, d, l)
+			if n := st.samples(llmdtest.Model); n < sum.Sent*9/10 {
+				t.Errorf("sizing calibrated on %d of %d requests: the streams carried no usage", n, sum.Sent)
+			}
+		})
 	}
 }
 
@@ -106,6 +115,7 @@ type dispatchedView struct {
 	Counters struct {
 		Dispatched struct {
 			Disaggregated uint64 `json:"disaggregated"`
+			Local         uint64 `json:"local"`
 		} `json:"dispatched"`
 	} `json:"counters"`
 	Sizing []struct {
@@ -374,7 +384,7 @@ func TestInteropServeNoticesDecodeEnginesThatDoNotHandOff(t *testing.T) {
 	f := startPDFleet(t)
 	marks := func(addrs []string) (observedView, func() string) {
 		t.Helper()
-		cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, addrs)+"controller: {advisory: true}\n")
+		cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, addrs)+"controller: {advisory: true}\nrouter: {local_prefill: off}\n")
 		srv := start(t, "serve", "--config", cfg)
 		admin, extproc, _ := srv.serving(t)
 		waitFor(t, admin, 20*time.Second, "four active engines", allActive(4))
@@ -448,7 +458,7 @@ func TestInteropServeNoticesDecodeEnginesThatDoNotHandOff(t *testing.T) {
 // (Before, Narwhal saw only its own requests and split the legs between the two.)
 func TestInteropForeignLoadSteersPlacement(t *testing.T) {
 	f := startPDFleet(t)
-	cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, f.addresses())+"controller: {advisory: true}\n")
+	cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, f.addresses())+"controller: {advisory: true}\nrouter: {local_prefill: off}\n") // prefill legs to count
 	admin, extproc, _ := start(t, "serve", "--config", cfg).serving(t)
 	waitFor(t, admin, 20*time.Second, "four active engines", allActive(4))
 
