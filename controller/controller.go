@@ -893,7 +893,7 @@ func (c *Controller) coverage(s *state, cand *candidate, l *router.EngineLoad, a
 
 func priced(s router.Split, p router.Pricing, current bool, move string) decisionlog.Priced {
 	return decisionlog.Priced{Prefill: len(s.Prefill), Decode: len(s.Decode), TTFTRatio: decisionlog.Ratio(p.TTFTRatio), TPOTRatio: decisionlog.Ratio(p.TPOTRatio),
-		Worst: decisionlog.Ratio(p.Worst), Current: current, Move: move, QueueWaitS: decisionlog.Ratio(p.QueueWaitS), Settled: p.Settled, Overload: decisionlog.Ratio(p.Overload)}
+		Worst: decisionlog.Ratio(p.Worst), Current: current, Move: move, QueueWaitS: decisionlog.Ratio(p.QueueWaitS), Settled: p.Settled, Overload: decisionlog.Ratio(p.Overload), LocalShare: decisionlog.Ratio(p.LocalShare)}
 }
 
 func ratio(r float64) string {

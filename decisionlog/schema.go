@@ -190,6 +190,9 @@ type Priced struct {
 	// Overload is the most a decode engine of the split holds against its stream or KV
 	// capacity at the horizon: splits whose worst is +Inf compare on it.
 	Overload Ratio `json:"overload"`
+	// LocalShare is the prefill the split's decode pool offers through local prefill, in
+	// engines (router.local_prefill: auto; docs/role-control.md section 3).
+	LocalShare Ratio `json:"local_share,omitempty"`
 	// Draining marks the split while Move, which switches in place, drains (in neither pool)
 	// for DrainS seconds; InPlaceWorst is the worst the candidate moving it is judged by, that
 	// drain weighed in (docs/role-control.md section 11).

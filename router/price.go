@@ -40,6 +40,9 @@ type Pricing struct {
 	// stream or KV capacity (above 1: over it, and tpot_ratio is +Inf): splits that all
 	// overload their decode pool still rank by how much (docs/role-control.md section 3).
 	Overload float64
+	// LocalShare is the prefill its decode pool offers through local prefill, in engines: the
+	// sum of the shares of their time its decode engines are priced to give it.
+	LocalShare float64
 }
 
 // Query is what one Price call prices: its splits together, in one walk of the waiting set
@@ -187,7 +190,7 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 			probe += queue
 		}
 		step, overload := r.priceDecode(sp)
-		p := Pricing{TTFTRatio: max(sp.worstTTFT, probe) / r.slo.TTFTS, TPOTRatio: step / r.slo.TPOTS, ProbeTTFT: probe, QueueWaitS: queue, Settled: settled, Overload: overload}
+		p := Pricing{TTFTRatio: max(sp.worstTTFT, probe) / r.slo.TTFTS, TPOTRatio: step / r.slo.TPOTS, ProbeTTFT: probe, QueueWaitS: queue, Settled: settled, Overload: overload, LocalShare: sp.localShare}
 		p.Worst = max(p.TTFTRatio, p.TPOTRatio)
 		if target != nil {
 			p.RequestTTFT = sp.requestTTFT
@@ -245,7 +248,7 @@ func (p *pricing) load(r *Router, t, horizon float64, splits []Split, output flo
 		if n := len(sp.dec); n > 0 {
 			perStreams, perKV = (streams+n-1)/n, kvs/int64(n)
 		}
-		sp.servers = len(sp.pool)
+		sp.servers, sp.localShare = len(sp.pool), 0
 		for _, i := range sp.dec {
 			e := &r.engines[i]
 			sp.decode.add(e.prof.Decode, e.corr[1], p.streams[i], p.kv[i], i)
@@ -257,6 +260,7 @@ func (p *pricing) load(r *Router, t, horizon float64, splits []Split, output flo
 				// share of its time its streams can spare (docs/role-control.md section 3).
 				sp.prefill.add(e.prof.Prefill, e.corr[0], 1/share, max(t, e.busyUntil), i)
 				sp.servers++
+				sp.localShare += share
 			}
 		}
 		sp.handoff, sp.step = kv+step, step
@@ -391,6 +395,7 @@ func (p *pricing) residents(r *Router, t, horizon float64) {
 type splitSched struct {
 	pool, dec              []int   // engine indices
 	servers                int     // prefill servers: the prefill pool, and the decode engines that prefill locally
+	localShare             float64 // the decode engines' shares as local prefill servers, summed
 	handoff, step          float64 // step: one decode step on the fastest decode engine
 	prefill                prefillSched
 	decode                 decodeSched

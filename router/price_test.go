@@ -398,6 +398,11 @@ func TestPriceCountsLocalPrefill(t *testing.T) {
 		if got := ps[0].ProbeTTFT < 2; got != tc.local {
 			t.Errorf("%s (sglang %v): probe TTFT %.3f s; priced on the decode engine: %v, want %v", tc.mode, tc.sglang, ps[0].ProbeTTFT, got, tc.local)
 		}
+		// The record's local_share: an idle decode engine gives all its time but the step its
+		// probe stream takes of half the TPOT SLO (in steps of 5%).
+		if share := ps[0].LocalShare; (share >= 0.5 && share <= 1) != tc.local || (!tc.local && share != 0) {
+			t.Errorf("%s (sglang %v): local share %.2f engines", tc.mode, tc.sglang, share)
+		}
 	}
 }
 
