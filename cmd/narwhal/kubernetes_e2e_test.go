@@ -37,6 +37,7 @@ shutdown_grace_s: 1
 state: {dir: %q}
 discovery:
   kubernetes: {namespace: %s, selector: app=vllm, ports: [%s], kubeconfig: %q, write_role_label: true}
+router: {local_prefill: off}
 `, anyPort, anyPort, anyPort, dir+"/state", ns, port, s.Kubeconfig(t, dir, "narwhal"))
 	vllm := func(role string) map[string]string { return map[string]string{"app": "vllm", "llm-d.ai/role": role} }
 	c.Pod(t, ns, "p", "127.0.0.2", vllm("prefill"), "")
