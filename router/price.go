@@ -255,7 +255,7 @@ func (p *pricing) load(r *Router, t, horizon float64, splits []Split, output flo
 			streams, kvs := max(e.streams, perStreams)+1, max(e.kv, perKV)
 			s := e.stepSeconds(streams, kvs)
 			step = min(step, s)
-			if share := r.localShare(e, s, streams, kvs, max(output/float64(len(sp.dec)), e.outputRate(t, out))); share > 0 {
+			if share := r.localShare(e, s, streams, kvs, max(output/float64(len(sp.dec)), e.outputRate(e.localWorkAt(t, out), out))); share > 0 {
 				// A decode engine that prefills locally is a prefill server of the split, at the
 				// share of its time its streams can spare (docs/role-control.md section 3).
 				sp.prefill.add(e.prof.Prefill, e.corr[0], 1/share, max(t, e.busyUntil), i)
@@ -270,13 +270,13 @@ func (p *pricing) load(r *Router, t, horizon float64, splits []Split, output flo
 
 // localShare is the share of its time decode engine e gives local prefill, priced, when a
 // stream's step there is step with streams streams reserving kv KV tokens
-// (router.local_prefill: auto): what placement lets the step stretch to (localTPOTLimit),
+// (router.local_prefill: auto): what placement lets the step stretch to (localLimit),
 // 1 − step/limit; 0 for an engine that never prefills locally, or below minLocalShare.
 func (r *Router) localShare(e *engine, step float64, streams int, kv int64, rate float64) float64 {
 	if r.cfg.LocalPrefill != config.LocalPrefillAuto || e.inPlace || e.prof.Prefill == nil || !e.live {
 		return 0
 	}
-	limit := r.localLimit(e, step, streams, kv, rate)
+	limit := r.localLimit(step, e.busyShare(rate, streams, kv))
 	if share := math.Floor((1-step/limit)/minLocalShare) * minLocalShare; share >= minLocalShare {
 		return share // in steps of minLocalShare: engines of one curve share a few classes
 	}

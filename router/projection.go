@@ -135,7 +135,8 @@ func (r *Router) freeAt(t float64, i int) float64 {
 	drain := max(0, e.drainAt-t)
 	// With local prefill, an engine prefills beside its residents at the share of its time
 	// they can spare (localShare): only the rest of their drain delays it.
-	if share := r.localShare(e, e.stepSeconds(e.streams, e.kv), e.streams, e.kv, e.outputRate(t, float64(r.expectedOutput()))); share > 0 {
+	out := float64(r.expectedOutput())
+	if share := r.localShare(e, e.stepSeconds(e.streams, e.kv), e.streams, e.kv, e.outputRate(e.localWorkAt(t, out), out)); share > 0 {
 		drain *= 1 - share
 	}
 	return free + drain
@@ -442,12 +443,14 @@ func (r *Router) planLocal(t float64, prompt int, need int64, cached func(int) i
 		work := e.prefillSeconds(n)
 		var cost float64
 		if guard {
-			rate := max(rate, e.outputRate(t, out))
-			if e.streams > 0 && e.localStep(need, e.localWorkAt(t, out)+work, out) > r.localTPOTLimit(e, need, rate) {
+			lately := e.localWorkAt(t, out)
+			step := e.stepSeconds(e.streams+1, e.kv+need)
+			busy := e.busyShare(max(rate, e.outputRate(lately, out)), e.streams+1, e.kv+need)
+			if e.streams > 0 && localStep(step, lately+work, out) > r.localLimit(step, busy) {
 				why = WhyTPOT
 				continue
 			}
-			cost = localCost(work, e.busyShare(rate, e.streams+1, e.kv+need))
+			cost = localCost(work, busy)
 		}
 		dur := e.localSeconds(n)
 		if first := start + dur; pl.p < 0 || first+cost < pl.first+pl.cost {
@@ -457,13 +460,12 @@ func (r *Router) planLocal(t float64, prompt int, need int64, cached func(int) i
 	return pl, why
 }
 
-// localStep is the seconds per token a stream of engine e is projected while it prefills
-// locally: the step with one more stream reserving need KV tokens, stretched by the share of a
-// stream's life (out tokens at that step) that work seconds of local prefill take — the prefill
-// the chunks add to its steps, of the local prefill placed on it lately and this one's (+Inf
-// when they fill the life).
-func (e *engine) localStep(need int64, work, out float64) float64 {
-	step := e.stepSeconds(e.streams+1, e.kv+need)
+// localStep is the seconds per token a stream of an engine is projected while it prefills
+// locally: its step (with one more stream), stretched by the share of a stream's life (out
+// tokens at that step) that work seconds of local prefill take — the prefill the chunks add to
+// its steps, of the local prefill placed on it lately and this one's (+Inf when they fill the
+// life).
+func localStep(step, work, out float64) float64 {
 	if share := work / (out * step); share < 1 {
 		return step / (1 - share)
 	}
@@ -480,32 +482,25 @@ func (e *engine) localWorkAt(t, out float64) float64 {
 	return e.localWork * math.Exp(-(t-e.localAt)/(out*e.stepSeconds(max(e.streams, 1), e.kv)))
 }
 
-// outputRate is the output tokens a second e's streams make at t: their step, stretched by the
-// local prefill placed on e lately (localWorkAt, out tokens a stream).
-func (e *engine) outputRate(t, out float64) float64 {
+// outputRate is the output tokens a second e's streams make: their step, stretched by work
+// seconds of local prefill placed on e lately (localWorkAt, out tokens a stream).
+func (e *engine) outputRate(work, out float64) float64 {
 	if e.streams == 0 {
 		return 0
 	}
 	step := e.stepSeconds(e.streams, e.kv)
-	return float64(e.streams) * max(0, 1-e.localWorkAt(t, out)/(out*step)) / step
+	return float64(e.streams) * max(0, 1-work/(out*step)) / step
 }
 
-// localTPOTLimit is the most localStep may reach on e with one more stream reserving need KV
-// tokens (localLimit), rate output tokens a second asked of it.
-func (r *Router) localTPOTLimit(e *engine, need int64, rate float64) float64 {
-	return r.localLimit(e, e.stepSeconds(e.streams+1, e.kv+need), e.streams+1, e.kv+need, rate)
-}
-
-// localLimit is the most a stream's step on e may stretch to by local prefill, when it is step
-// with streams streams reserving kv KV tokens and rate output tokens a second are asked of it
-// (the demand's share, or what its streams make now when more): localTPOTShare of the TPOT
-// SLO, and the step that leaves the engine's streams the share of its time they need. They live
+// localLimit is the most a stream's step may stretch to by local prefill, when it is step on an
+// engine whose streams need busy of its time (busyShare: the output asked of it, the demand's
+// share or what its streams make now when more): localTPOTShare of the TPOT SLO, and the step
+// that leaves the engine's streams the share of its time they need. They live
 // longer in proportion to their step while the output asked of the engine holds (Little's law),
 // and its step grows with them: it carries at most the tokens a second of its fullest batch, so
 // local prefill may take no more of its time than 1 − busyShare (docs/role-control.md section
 // 3). The stretched step step/(1 − share) at that share is step/busy.
-func (r *Router) localLimit(e *engine, step float64, streams int, kv int64, rate float64) float64 {
-	busy := e.busyShare(rate, streams, kv)
+func (r *Router) localLimit(step, busy float64) float64 {
 	if busy >= 1 {
 		return step
 	}
@@ -519,8 +514,8 @@ func (e *engine) busyShare(rate float64, streams int, kv int64) float64 {
 	d := e.prof.Decode
 	full := float64(d.MaxStreams)
 	perKV := float64(kv) / float64(max(streams, 1))
-	if perKV > 0 {
-		full = min(full, float64(d.MaxKVTokens)/perKV)
+	if perKV > 0 && float64(d.MaxKVTokens) < full*perKV {
+		full = float64(d.MaxKVTokens) / perKV
 	}
 	if full < 1 {
 		return 1
@@ -534,7 +529,13 @@ func (e *engine) busyShare(rate float64, streams int, kv int64) float64 {
 // does, on one its streams need whole the gain must repay all the decode time it takes — the
 // prefill engines' time costs no stream a step (docs/role-control.md section 3).
 func localCost(work, busy float64) float64 {
-	return work * min(1, max(0, busy))
+	switch { // branches, not the float min and max: this runs for every decode engine of a placement
+	case busy <= 0:
+		return 0
+	case busy >= 1:
+		return work
+	}
+	return work * busy
 }
 
 // localTPOTShare is the share of the TPOT SLO a stream's mean step may reach by local prefill.
