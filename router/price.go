@@ -107,7 +107,7 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 	// prefilling) still decoding then.
 	horizon := t + q.StepS
 	d := r.demand.estimate(t, r.expectedOutput()).Priced
-	ss := r.pricing.load(r, t, horizon, q.Splits, d.OutputTokensPerS)
+	ss := r.pricing.load(r, t, horizon, q.Splits, d)
 	settled := 0
 	for h := range r.waiting.all() {
 		e, _, err := r.lookup(h)
@@ -213,15 +213,20 @@ func (sp *splitSched) alive(first, output, horizon float64) bool {
 // load prepares one scheduler per split at t: its prefill engines, each free when freeAt
 // says (whatever its role now), its decode engines with their residents decoding at the
 // horizon (residents), and the handoff every projected TTFT adds after the prefill: the KV
-// transfer and one decode step on the fastest decode engine (+Inf without one). output is the
-// priced demand's output tokens a second, spread over each split's decode pool.
-func (p *pricing) load(r *Router, t, horizon float64, splits []Split, output float64) []splitSched {
+// transfer and one decode step on the fastest decode engine (+Inf without one). d is the priced
+// demand: its output spread over each split's decode pool, and its mean request's KV, price the
+// decode engines' local prefill as placement does.
+func (p *pricing) load(r *Router, t, horizon float64, splits []Split, d Rates) []splitSched {
 	p.residents(r, t, horizon)
 	for len(p.splits) < len(splits) {
 		p.splits = append(p.splits, splitSched{})
 	}
 	ss := p.splits[:len(splits)]
 	out := float64(r.expectedOutput())
+	need := int64(ProbePromptTokens) + int64(out)
+	if d.ArrivalsPerS > 0 {
+		need = int64((d.PromptTokensPerS + d.OutputTokensPerS) / d.ArrivalsPerS)
+	}
 	streams, kvs := 0, int64(0)
 	for i := range r.engines {
 		streams, kvs = streams+r.engines[i].streams, kvs+r.engines[i].kv
@@ -255,7 +260,10 @@ func (p *pricing) load(r *Router, t, horizon float64, splits []Split, output flo
 			streams, kvs := max(e.streams, perStreams)+1, max(e.kv, perKV)
 			s := e.stepSeconds(streams, kvs)
 			step = min(step, s)
-			if share := r.localShare(e, s, streams, kvs, max(output/float64(len(sp.dec)), e.outputRate(e.localWorkAt(t, out), out))); share > 0 {
+			// Its local share, as placement prices it for a request of the mean size: the step
+			// with its stream's KV too.
+			rate := max(d.OutputTokensPerS/float64(len(sp.dec)), e.outputRate(e.localWorkAt(t, out), out))
+			if share := r.localShare(e, e.stepSeconds(streams, kvs+need), streams, kvs+need, rate); share > 0 {
 				// A decode engine that prefills locally is a prefill server of the split, at the
 				// share of its time its streams can spare (docs/role-control.md section 3).
 				sp.prefill.add(e.prof.Prefill, e.corr[0], 1/share, max(t, e.busyUntil), i)

@@ -314,8 +314,8 @@ func TestPriceDecodeIsTheMeanAStreamGets(t *testing.T) {
 	}
 }
 
-// Snapshot's drains (one walk of the entries for every engine) are the ones freeAt projects an
-// engine at a time.
+// Snapshot's drains (one walk of the entries for every engine) are the ones drainEnd projects an
+// engine at a time (freeAt's, before local prefill lets an engine prefill beside its residents).
 func TestSnapshotDrainsAsFreeAt(t *testing.T) {
 	r := testRouter(t, config.Default(), "p1 prefill", "p2 prefill", "d1 decode", "d2 decode")
 	now := epoch
@@ -333,8 +333,11 @@ func TestSnapshotDrainsAsFreeAt(t *testing.T) {
 		r.engines[i].drainOK = false
 	}
 	for i, l := range snap.Engines {
-		if want := r.freeAt(tt, i) - tt; l.DrainS != want || (r.engines[i].streams > 0 && want <= 0) {
-			t.Errorf("%s: drain_s %v, freeAt %v (streams %d)", l.ID, l.DrainS, want, r.engines[i].streams)
+		if want := r.drainEnd(tt, i) - tt; l.DrainS != want || (r.engines[i].streams > 0 && want <= 0) {
+			t.Errorf("%s: drain_s %v, drainEnd %v (streams %d)", l.ID, l.DrainS, want, r.engines[i].streams)
+		}
+		if free := r.freeAt(tt, i) - tt; free > l.DrainS {
+			t.Errorf("%s: free for prefill in %v, after its drain %v", l.ID, free, l.DrainS)
 		}
 	}
 }

@@ -117,8 +117,26 @@ func (r *Router) prefillFree(t float64, i int) float64 {
 }
 
 // freeAt is prefillFree for any engine, whatever its role (Price asks it of a decode engine
-// priced as prefill): its dispatched prefill work, plus its decode residents' remaining work.
+// priced as prefill): its dispatched prefill work, plus its decode residents' remaining work —
+// with local prefill only the part their spare time does not cover: it prefills beside them
+// at the share of its time they spare (localShare, no new stream coming to it).
 func (r *Router) freeAt(t float64, i int) float64 {
+	end := r.drainEnd(t, i)
+	e := &r.engines[i]
+	if e.streams == 0 {
+		return end
+	}
+	out := float64(r.expectedOutput())
+	if share := r.localShare(e, e.stepSeconds(e.streams, e.kv), e.streams, e.kv, e.outputRate(e.localWorkAt(t, out), out)); share > 0 {
+		free := max(t, e.busyUntil) + e.foreignPrefillLeft(t)
+		return free + (end-free)*(1-share)
+	}
+	return end
+}
+
+// drainEnd is when everything on engine i is done: its dispatched prefill work, then its decode
+// residents' remaining output (what /narwhal/state's drain_s says).
+func (r *Router) drainEnd(t float64, i int) float64 {
 	e := &r.engines[i]
 	free := max(t, e.busyUntil) + e.foreignPrefillLeft(t)
 	if e.streams == 0 {
@@ -132,14 +150,7 @@ func (r *Router) freeAt(t float64, i int) float64 {
 			}
 		}
 	}
-	drain := max(0, e.drainAt-t)
-	// With local prefill, an engine prefills beside its residents at the share of its time
-	// they can spare (localShare): only the rest of their drain delays it.
-	out := float64(r.expectedOutput())
-	if share := r.localShare(e, e.stepSeconds(e.streams, e.kv), e.streams, e.kv, e.outputRate(e.localWorkAt(t, out), out)); share > 0 {
-		drain *= 1 - share
-	}
-	return free + drain
+	return free + max(0, e.drainAt-t)
 }
 
 // refreshDrains brings every engine's projected drain (freeAt's drainAt) up to date in one walk
@@ -303,8 +314,9 @@ type plan struct {
 // plan picks the engines for one request if an engine has room: the fallback engine for both
 // phases once it has drained; else the disaggregated path (planDisaggregated) or the local one
 // (planLocal), as router.local_prefill says. With auto, each request takes the path whose first
-// token is projected sooner; local also needs the decode engine's residents to keep the TPOT
-// SLO (docs/role-control.md section 3). A request no prefill engine has room for now goes local
+// token is projected sooner, local only when sooner by more than its cost to the decode
+// engine's streams (localCost) and when they keep their TPOT and their room
+// (docs/role-control.md section 3). A request no prefill engine has room for now goes local
 // when that is sooner than where the projection starts it on a prefill engine, and waits
 // otherwise.
 func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64, only subset) (plan, bool) {
@@ -338,6 +350,9 @@ func (r *Router) plan(t float64, prompt int, need int64, prefix []uint64, only s
 		lp.why = WhyAlways
 	case ok && pl.first <= lp.first+lp.cost:
 		pl.why, pl.other = WhySooner, lp.first
+		if pl.first > lp.first {
+			pl.why = WhyCost
+		}
 		return pl, true
 	case ok:
 		lp.why = WhySooner
@@ -410,15 +425,16 @@ func (r *Router) planDisaggregated(t float64, prompt int, need int64, cached fun
 }
 
 // planLocal picks the decode engine that would give the request its first token soonest by
-// prefilling it itself: one that can prefill (a profile with a prefill curve, and no in-place
-// switch: an SGLang decode-mode server cannot), is not a donor being prepared, has room for
-// the stream and for another prefill (prefill_concurrency), and holds at most
-// router.local_prefill_max_tokens of its prompt uncached. Its prefill starts after the local
-// prefill work already there and runs chunked beside the decode batch (localSeconds). With
-// guard, the engine's residents must keep their TPOT within the SLO: the step with one more
-// stream, plus the local prefill work queued there (this one's included) spread over the
-// expected output of a stream (docs/role-control.md section 3). When none qualifies, p is -1 and
-// why says what stopped the closest candidate.
+// prefilling it itself, counting its cost (localCost: the lowest first token plus cost): one
+// that can prefill (a profile with a prefill curve, and no in-place switch: an SGLang
+// decode-mode server cannot), is not a donor being prepared, has room for the stream and for
+// another prefill (prefill_concurrency), and holds at most router.local_prefill_max_tokens of
+// its prompt uncached. Its prefill starts after the local prefill work already there and runs
+// chunked beside the decode batch (localSeconds). With guard, the engine's streams must keep
+// their step within localLimit: the step with one more stream, stretched by the local prefill
+// placed there lately (decayed, localWorkAt) and this one's, at most half the TPOT SLO and the
+// step that leaves them the share of its time they need (busyShare) (docs/role-control.md
+// section 3). When none qualifies, p is -1 and why says what stopped the closest candidate.
 func (r *Router) planLocal(t float64, prompt int, need int64, cached func(int) int, only subset, guard bool) (plan, Why) {
 	pl := plan{p: -1, d: -1, need: need}
 	why := WhyNoRoom

@@ -369,7 +369,7 @@ func (r *Router) Snapshot(now time.Time) Snapshot {
 		}
 		s.Engines = append(s.Engines, EngineLoad{
 			ID: e.id, PrefillResidents: e.prefilling, DecodeResidents: e.decoding, ReservedStreams: e.streams - e.decoding,
-			BusyUntilS: r.prefillFree(t, i) - t, DrainS: r.freeAt(t, i) - t, Correction: Correction{Prefill: e.corr[0], Decode: e.corr[1], PrefillSamples: e.samples[0], DecodeSamples: e.samples[1]},
+			BusyUntilS: r.prefillFree(t, i) - t, DrainS: r.drainEnd(t, i) - t, Correction: Correction{Prefill: e.corr[0], Decode: e.corr[1], PrefillSamples: e.samples[0], DecodeSamples: e.samples[1]},
 			Fallback: i == int(r.fallback), Prepared: e.prepared, Passive: Passive{ConsecutiveFailures: e.failStreak, Ejected: e.ejected},
 		})
 		if e.obs.ok {

@@ -138,6 +138,7 @@ const (
 	WhySooner            // the path taken was projected to give the first token sooner
 	WhyAlways            // router.local_prefill: always, and a decode engine had room
 	WhyQueued            // local: no prefill engine had room now, and it would start there later
+	WhyCost              // disaggregated: local was sooner, by less than the decode time it takes (localCost)
 	// Disaggregated for want of a local candidate (the closest one's reason, in this order):
 	WhyNoRoom  // no decode engine able to prefill had room for it
 	WhyTooLong // more uncached prompt tokens than router.local_prefill_max_tokens
@@ -158,6 +159,8 @@ func (w Why) String() string {
 		return "residents_tpot"
 	case WhyQueued:
 		return "prefill_queued"
+	case WhyCost:
+		return "local_cost"
 	}
 	return "off"
 }
