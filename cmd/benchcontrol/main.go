@@ -64,6 +64,7 @@ func main() {
 	reports := flag.String("reports", "", "a directory to write each row's sim report (NAME.json) and narwhal's decision log (NAME.decisions.jsonl) into, for a closer look")
 	random := flag.Int("random", 0, "the generated scorecard instead of the fixed one: this many scenarios (make bench-control-random); -only then takes scenario numbers")
 	seed := flag.Int64("seed", 1, "the generated scorecard's generator seed")
+	ratesFrom := flag.String("rates", "", "the generated scorecard at another run's rates instead of calibrating each scenario: a file with that run's table of every scenario (docs/benchmarks.md of another commit); the figures are printed, not written")
 	flag.Parse()
 	started := time.Now()
 	cfg, err := config.LoadFile(filepath.Join(*root, "examples/sim/fleet-8.yaml"))
@@ -71,7 +72,14 @@ func main() {
 		log.Fatal(err)
 	}
 	if *random > 0 {
-		randomScorecard(*root, cfg, *seed, *random, *only, *write, *reports)
+		var rates map[int]float64
+		if *ratesFrom != "" {
+			if rates, err = readRates(*ratesFrom); err != nil {
+				log.Fatal(err)
+			}
+			*write = false // the doc's block is the calibrated scorecard
+		}
+		randomScorecard(*root, cfg, *seed, *random, *only, *write, *reports, rates)
 		return
 	}
 	rows := rowsOf(*root)

@@ -14,7 +14,9 @@ import (
 	"log"
 	"math"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -441,8 +443,9 @@ func bestOf(got map[int]float64) int {
 	return best
 }
 
-// play calibrates a scenario's rate into the band and replays it under every policy.
-func play(base *config.Config, ts traces, sc *scenario, keep bool) (*outcome, error) {
+// play calibrates a scenario's rate into the band and replays it under every policy; at fixed
+// (above 0) it replays at that rate instead (-rates: another run's rates, docs/benchmarks.md).
+func play(base *config.Config, ts traces, sc *scenario, keep bool, fixed float64) (*outcome, error) {
 	t0 := time.Now()
 	// The nominal capacity at the shape's sizes, then the engines slowed (and the SLO loosened)
 	// until the scenario's requests fit the budget.
@@ -461,7 +464,11 @@ func play(base *config.Config, ts traces, sc *scenario, keep bool) (*outcome, er
 	calibrated := false
 	// Bracket the rate: below lo static:best attains more than the band, above hi less.
 	lo, hi := 0.0, math.Inf(1)
-	for k := 0; k < calibrations; k++ {
+	tries := calibrations
+	if fixed > 0 {
+		rate, tries = fixed, 1
+	}
+	for k := 0; k < tries; k++ {
 		sc.rate = rate
 		reqs, changes = sc.workload(ts, rate)
 		var err error
@@ -565,8 +572,9 @@ func counts(m map[string]int) string {
 }
 
 // randomScorecard generates n scenarios from seed, plays them, prints the figures and (write)
-// puts them into docs/benchmarks.md.
-func randomScorecard(root string, base *config.Config, seed int64, n int, only string, write bool, reportsDir string) {
+// puts them into docs/benchmarks.md. A scenario rates names is replayed at that rate, not
+// calibrated.
+func randomScorecard(root string, base *config.Config, seed int64, n int, only string, write bool, reportsDir string, rates map[int]float64) {
 	started := time.Now()
 	ts := loadTraces(root)
 	scs := generate(seed, n)
@@ -575,7 +583,7 @@ func randomScorecard(root string, base *config.Config, seed int64, n int, only s
 		if only != "" && !slices.Contains(strings.Split(only, ","), strconv.Itoa(sc.idx)) {
 			continue
 		}
-		out, err := play(base, ts, sc, reportsDir != "")
+		out, err := play(base, ts, sc, reportsDir != "", rates[sc.idx])
 		if err != nil {
 			log.Fatalf("%s: %v", sc.name(), err)
 		}
@@ -757,4 +765,22 @@ func mean(xs []float64) float64 {
 		t += x
 	}
 	return t / float64(len(xs))
+}
+
+// readRates reads the rate of each scenario from the table of every scenario of another run of
+// the generated scorecard (docs/benchmarks.md of another commit: `| #NNN ... | req/s | ...`).
+func readRates(path string) (map[int]float64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	rates := map[int]float64{}
+	for _, m := range regexp.MustCompile(`(?m)^\| #(\d+) [^|]*\| ([0-9.]+) \| \d+ \|`).FindAllStringSubmatch(string(b), -1) {
+		idx, _ := strconv.Atoi(m[1])
+		rates[idx], _ = strconv.ParseFloat(m[2], 64)
+	}
+	if len(rates) == 0 {
+		return nil, fmt.Errorf("%s: no table of every scenario (| #NNN ... | req/s | requests | ...)", path)
+	}
+	return rates, nil
 }

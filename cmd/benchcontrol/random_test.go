@@ -3,7 +3,10 @@ package main
 import (
 	"cmp"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/narwhal-llm/narwhal/config"
@@ -104,5 +107,33 @@ func TestSlowedScalesCapacity(t *testing.T) {
 		if math.Abs(a/b-4) > 0.01 {
 			t.Errorf("%s: nominal %.2f req/s, slowed ×4 %.2f", p.name, a, b)
 		}
+	}
+}
+
+// -rates reads each scenario's rate from another run's table of every scenario, and says so when
+// the file has none.
+func TestReadRates(t *testing.T) {
+	dir := t.TempDir()
+	doc := filepath.Join(dir, "benchmarks.md")
+	table := "| scenario | req/s | requests | narwhal |\n| --- | ---: | ---: | ---: |\n" +
+		"| #001 stationary chat 4e default×4 1P | 13.88 | 19537 | 0.933 |\n" +
+		"| #049 stationary chat 8e default×6 3P fault | 23.85 | 26869 | 0.701 |\n" +
+		"| #050 a worst-ten row without the requests column | 9.99 | 0.5 | 0.7 |\n"
+	if err := os.WriteFile(doc, []byte("# Benchmarks\n\n"+table), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rates, err := readRates(doc)
+	if err != nil || len(rates) != 2 || rates[1] != 13.88 || rates[49] != 23.85 {
+		t.Fatalf("rates %v, %v", rates, err)
+	}
+	empty := filepath.Join(dir, "empty.md")
+	if err := os.WriteFile(empty, []byte("# nothing here\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readRates(empty); err == nil || !strings.Contains(err.Error(), "no table of every scenario") {
+		t.Fatalf("a file without the table: %v", err)
+	}
+	if _, err := readRates(filepath.Join(dir, "missing.md")); err == nil {
+		t.Fatal("a missing file: no error")
 	}
 }
