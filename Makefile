@@ -23,19 +23,23 @@ LLMD_DIR             ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/narwhal
 LLMD_SIM             ?= $(LLMD_DIR)/llm-d-inference-sim-$(LLMD_SIM_VERSION)
 LLMD_SIDECAR         ?= $(LLMD_DIR)/pd-sidecar-$(LLMD_SIDECAR_VERSION)
 
-.PHONY: all build run test test-kubernetes kube-apiserver kube-controller-manager llmd test-interop lint fmt vet staticcheck browser screenshot bench bench-sim bench-control bench-control-random bench-burst bench-ha bench-profile fuzz check-long clean
+.PHONY: all build run prereqs-run prereqs-test test test-kubernetes kube-apiserver kube-controller-manager llmd test-interop lint fmt vet staticcheck browser screenshot bench bench-sim bench-control bench-control-random bench-burst bench-ha bench-profile fuzz check-long clean
 
 all: build
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/narwhal ./cmd/narwhal
 
-run: build
+run: prereqs-run build
 	./scripts/run-local.sh $(BIN)/narwhal
+
+# One line for each prerequisite missing (README, "Two commands"), before anything is built.
+prereqs-run prereqs-test:
+	@./scripts/prereqs.sh $(@:prereqs-%=%) $(GO)
 
 # The profiler's test times real engines against their known curves: it runs alone, after the
 # rest, so that the other packages' tests (sharing the two cores) do not make the engines late.
-test: lint browser
+test: prereqs-test lint browser
 	$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/profiler$$')
 	$(GO) test $(TEST_FLAGS) ./profiler
 
