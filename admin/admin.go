@@ -271,7 +271,7 @@ func (s *Server) engineAction(w http.ResponseWriter, r *http.Request) {
 	case "drain":
 		// A drain that would leave a pool under its floor is refused unless forced: placement
 		// would answer that role's requests 503 until the floor repair moved another engine in
-		// (README, "The admin API").
+		// (README, "Admin API").
 		var floors fleet.Floors
 		if r.URL.Query().Get("force") != "true" {
 			floors = fleet.Floors{Prefill: s.o.Config.Controller.MinPrefill, Decode: s.o.Config.Controller.MinDecode}
