@@ -263,12 +263,20 @@ func (s *Server) engineAction(w http.ResponseWriter, r *http.Request) {
 	id, action := r.PathValue("id"), r.PathValue("action")
 	now := s.o.Now()
 	var (
-		e   fleet.Engine
-		err error
+		e     fleet.Engine
+		err   error
+		floor *fleet.FloorError
 	)
 	switch action {
 	case "drain":
-		e, err = s.o.Fleet.Drain(id, now, "admin")
+		// A drain that would leave a pool under its floor is refused unless forced: placement
+		// would answer that role's requests 503 until the floor repair moved another engine in
+		// (README, "Admin API").
+		var floors fleet.Floors
+		if r.URL.Query().Get("force") != "true" {
+			floors = fleet.Floors{Prefill: s.o.Config.Controller.MinPrefill, Decode: s.o.Config.Controller.MinDecode}
+		}
+		e, err = s.o.Fleet.Drain(id, now, "admin", floors)
 	case "undrain":
 		e, err = s.o.Fleet.Undrain(id, now, "admin")
 	case "pin":
@@ -284,6 +292,14 @@ func (s *Server) engineAction(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "unknown_engine", "no engine "+quote(id))
 	case errors.Is(err, fleet.ErrTransition):
 		writeError(w, http.StatusConflict, "conflict", err.Error())
+	case errors.As(err, &floor):
+		key := "controller.min_prefill"
+		if floor.Role == fleet.Decode {
+			key = "controller.min_decode"
+		}
+		writeError(w, http.StatusConflict, "below_floor", fmt.Sprintf("%s (%s): requests would be answered 503 no_capacity until the floor repair moved another engine in. "+
+			"Drain it once another engine is %s (the controller moves one when demand asks, or add one: POST /narwhal/engines), or drain it anyway: POST /narwhal/engines/%s/drain?force=true",
+			floor, key, floor.Role, floor.Engine))
 	case err != nil:
 		writeError(w, http.StatusInternalServerError, "internal", err.Error())
 	default:

@@ -160,6 +160,15 @@ func TestEngineActions(t *testing.T) {
 			return st.Engines[2].Lifecycle == "draining" && !st.Engines[2].Drained
 		}},
 		{"POST", "/narwhal/engines/e3/undrain", 409, nil},
+		// e4 is the last live decode engine (e3 waits for its probes): its drain would leave the
+		// decode pool under controller.min_decode, and is refused until forced.
+		{"POST", "/narwhal/engines/e4/drain", 409, func(st State) bool {
+			return st.Engines[3].Lifecycle == "active" && !st.Engines[3].Drained && st.Split == Split{2, 1}
+		}},
+		{"POST", "/narwhal/engines/e4/drain?force=false", 409, nil},
+		{"POST", "/narwhal/engines/e4/drain?force=true", 200, func(st State) bool {
+			return st.Engines[3].Lifecycle == "draining" && st.Engines[3].Drained && st.Split == Split{2, 0}
+		}},
 		{"POST", "/narwhal/engines/e1/pin", 200, func(st State) bool { return st.Engines[0].Pinned }},
 		{"POST", "/narwhal/engines/e1/unpin", 200, func(st State) bool { return !st.Engines[0].Pinned }},
 		{"POST", "/narwhal/engines/e9/drain", 404, nil},
@@ -176,6 +185,13 @@ func TestEngineActions(t *testing.T) {
 		}
 		if code >= 400 && !strings.Contains(body, `"error"`) { // a 404 or 405 of no route too
 			t.Fatalf("%s %s: error body %q is not an error object", s.method, s.path, body)
+		}
+		if code == 409 && strings.Contains(s.path, "e4/drain") {
+			for _, want := range []string{`"below_floor"`, "draining e4 would leave 0 live decode engines, under the floor of 1", "controller.min_decode", "/narwhal/engines/e4/drain?force=true"} {
+				if !strings.Contains(body, want) {
+					t.Fatalf("%s %s: %s, want it to say %s", s.method, s.path, body, want)
+				}
+			}
 		}
 		if s.check != nil && !s.check(fx.state(t)) {
 			t.Fatalf("%s %s: state after is %+v", s.method, s.path, fx.state(t))

@@ -232,19 +232,19 @@ func TestHealthRules(t *testing.T) {
 			{7, false, "failed"}, {8, true, "failed"},
 		}},
 		{"a drained engine ignores its probes", func(f *fleet.Fleet) {
-			_, _ = f.Drain("e1", t0, "admin")
+			_, _ = f.Drain("e1", t0, "admin", fleet.Floors{})
 		}, []probe{
 			{1, false, "draining"}, {2, false, "draining"}, {3, false, "draining"}, {4, true, "draining"},
 			{5, true, "draining"}, {6, true, "draining"},
 		}},
 		{"an undrained engine counts from the undrain", func(f *fleet.Fleet) {
-			_, _ = f.Drain("e1", t0, "admin")
+			_, _ = f.Drain("e1", t0, "admin", fleet.Floors{})
 			_, _ = f.Undrain("e1", t0, "admin")
 		}, []probe{
 			{1, true, "draining"}, {2, true, "draining"}, {3, true, "recovering"}, {13, true, "active"},
 		}},
 		{"an undrained engine that fails is failed", func(f *fleet.Fleet) {
-			_, _ = f.Drain("e1", t0, "admin")
+			_, _ = f.Drain("e1", t0, "admin", fleet.Floors{})
 			_, _ = f.Undrain("e1", t0, "admin")
 		}, []probe{
 			{1, false, "draining"}, {2, false, "draining"}, {3, false, "failed"},
@@ -351,7 +351,7 @@ func TestHealthReadmissionSight(t *testing.T) {
 				t.Fatalf("readmitted %v, want %v", e.Sight, c.want)
 			}
 			// The next lifecycle change clears it.
-			if _, err := f.Drain("e3", now, "test"); err != nil {
+			if _, err := f.Drain("e3", now, "test", fleet.Floors{}); err != nil {
 				t.Fatal(err)
 			}
 			if e, _ := f.Engine("e3"); e.Sight != fleet.SightConfirmed {

@@ -141,7 +141,7 @@ func TestSwitcher(t *testing.T) {
 	if _, err := f.StartSwitch("e3", fleet.Prefill, now, fleet.Mover{Decision: 3}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.Drain("e3", now, "admin"); err != nil {
+	if _, err := f.Drain("e3", now, "admin", fleet.Floors{}); err != nil {
 		t.Fatal(err)
 	}
 	ended("e3", fleet.Draining, fleet.Decode)

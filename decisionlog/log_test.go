@@ -43,7 +43,7 @@ func TestLogReadsBackAsWritten(t *testing.T) {
 	for _, step := range []func() error{
 		func() error { _, err := f.Move("e1", fleet.Decode, at, 3); return err },
 		func() error { _, err := f.SetPinned("e4", true, at, "admin"); return err },
-		func() error { _, err := f.Drain("e2", at, "admin"); return err },
+		func() error { _, err := f.Drain("e2", at, "admin", fleet.Floors{}); return err },
 		func() error { _, err := f.Move("e3", fleet.Prefill, at, 4); return err },
 		func() error { _, err := f.FinishSwitch("e3", fleet.SwitchSucceeded, at, "ok"); return err },
 		func() error {

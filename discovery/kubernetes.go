@@ -23,12 +23,12 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/narwhal-llm/narwhal/config"
@@ -40,6 +40,8 @@ const SourceKubernetes = "kubernetes"
 
 // InferencePoolResource is the Gateway API Inference Extension's InferencePool.
 var InferencePoolResource = schema.GroupVersionResource{Group: "inference.networking.k8s.io", Version: "v1", Resource: "inferencepools"}
+
+var podResource = corev1.SchemeGroupVersion.WithResource("pods")
 
 // Members picks the pods that are engines and their engine ports: a label selector and ports,
 // from the config or from an InferencePool.
@@ -149,12 +151,19 @@ type KubernetesStatus struct {
 // Kubernetes watches pods (and an InferencePool) with client-go informers and reconciles the
 // fleet with the pods that are engines; with WriteRoleLabel it writes the controller's role
 // changes back to the pods. Run it on the leader only.
+//
+// It reads and writes the API server's objects with the dynamic client, as the k8s.io/api
+// structs converted from unstructured: client-go's typed clientset and its informers would link
+// every API group's client into the binary (docs/kubernetes.md, "Which pods are engines").
 type Kubernetes struct {
-	Config  config.DiscoveryKubernetes
-	Client  kubernetes.Interface
-	Dynamic dynamic.Interface // for an InferencePool
-	Source  *Source
-	Fleet   *fleet.Fleet
+	Config config.DiscoveryKubernetes
+	Client dynamic.Interface
+	// Server asks the API server its /version, which is no resource of the dynamic client's: a
+	// client of its own, whose client-side rate limit (client-go's default, 5 requests a second)
+	// no burst of label writes uses up, lest the API server look unreachable while it answers.
+	Server rest.Interface
+	Source *Source
+	Fleet  *fleet.Fleet
 	// RoleLabel is the label written back (config.Discovery.RoleLabel).
 	RoleLabel string
 	Now       func() time.Time
@@ -214,28 +223,27 @@ func (k *Kubernetes) Run(ctx context.Context) error {
 		k.mu.Unlock()
 	}
 	// The pods: with a selector the API server filters; with a pool (whose selector may
-	// change) every pod of the namespace is watched and filtered here.
-	pf := informers.NewSharedInformerFactoryWithOptions(k.Client, resync, informers.WithNamespace(c.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			if c.InferencePool == "" {
-				o.LabelSelector = c.Selector
-			}
-		}))
-	pods := pf.Core().V1().Pods()
-	podInf := pods.Informer()
+	// change) every pod of the namespace is watched and filtered here. The informer keeps them
+	// as Pods, each converted once as it comes rather than at every reconciliation, and says
+	// *v1.Pod in its errors as the typed informer did.
+	podInf := k.informer(podResource, fmt.Sprintf("%T", (*corev1.Pod)(nil)), resync, func(o *metav1.ListOptions) {
+		if c.InferencePool == "" {
+			o.LabelSelector = c.Selector
+		}
+	})
+	_ = podInf.SetTransform(toPod)
 	k.watch(podInf, "pods", "list and watch")
-	var poolInf cache.SharedIndexInformer
-	if c.InferencePool != "" {
-		df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(k.Dynamic, resync, c.Namespace, func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.InferencePool).String()
-		})
-		poolInf = df.ForResource(InferencePoolResource).Informer()
-		k.watch(poolInf, "inferencepools.inference.networking.k8s.io", "list and watch")
-		df.Start(ctx.Done())
-	}
-	pf.Start(ctx.Done())
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	var poolInf cache.SharedIndexInformer
+	if c.InferencePool != "" {
+		poolInf = k.informer(InferencePoolResource, InferencePoolResource.String(), resync, func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", c.InferencePool).String()
+		})
+		k.watch(poolInf, "inferencepools.inference.networking.k8s.io", "list and watch")
+		wg.Go(func() { poolInf.RunWithContext(ctx) })
+	}
+	wg.Go(func() { podInf.RunWithContext(ctx) })
 	wg.Go(func() { k.checkReachable(ctx) })
 	if c.WriteRoleLabel {
 		stop := k.followRoles()
@@ -253,13 +261,44 @@ func (k *Kubernetes) Run(ctx context.Context) error {
 		if poolInf != nil {
 			k.readPool(poolInf)
 		}
-		k.reconcile(pods.Lister().Pods(c.Namespace))
+		k.reconcile(podInf.GetStore())
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-k.kick:
 		}
 	}
+}
+
+// informer lists and watches a resource of the namespace, with tweak's list options, as
+// *unstructured.Unstructured; what names it in its errors.
+func (k *Kubernetes) informer(gvr schema.GroupVersionResource, what string, resync time.Duration, tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
+	r := k.Client.Resource(gvr).Namespace(k.Config.Namespace)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			tweak(&o)
+			return r.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			tweak(&o)
+			return r.Watch(ctx, o)
+		},
+	}
+	return cache.NewSharedIndexInformerWithOptions(lw, &unstructured.Unstructured{}, cache.SharedIndexInformerOptions{ResyncPeriod: resync, ObjectDescription: what})
+}
+
+// toPod is the pod informer's transform: the Pod of a listed or watched object. Anything else
+// (a deleted pod's tombstone, whose pod was converted already) passes as it is.
+func toPod(obj any) (any, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return obj, nil
+	}
+	pod := &corev1.Pod{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, pod); err != nil {
+		return nil, fmt.Errorf("pod %s: %w", u.GetName(), err)
+	}
+	return pod, nil
 }
 
 // watch makes every change of an informer's objects kick a reconciliation, and its watch
@@ -307,7 +346,7 @@ func (k *Kubernetes) checkReachable(ctx context.Context) {
 		case <-tick.C:
 		}
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := k.Client.Discovery().RESTClient().Get().AbsPath("/version").DoRaw(cctx)
+		_, err := k.Server.Get().AbsPath("/version").DoRaw(cctx)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -352,20 +391,17 @@ func (k *Kubernetes) readPool(inf cache.SharedIndexInformer) {
 	k.status.Selector, k.status.Ports = m.Selector.String(), m.Ports
 }
 
-// reconcile makes the fleet's Kubernetes engines the Ready pods' endpoints.
-func (k *Kubernetes) reconcile(lister interface {
-	List(labels.Selector) ([]*corev1.Pod, error)
-}) {
+// reconcile makes the fleet's Kubernetes engines the Ready pods' endpoints, of the pods in
+// store (the pod informer's: Pods).
+func (k *Kubernetes) reconcile(store cache.Store) {
 	k.mu.Lock()
 	m := k.members
 	k.mu.Unlock()
 	if m == nil {
 		return // no usable pool yet
 	}
-	pods, err := lister.List(m.Selector)
-	if err != nil {
-		return
-	}
+	var pods []*corev1.Pod
+	_ = cache.ListAll(store, m.Selector, func(o any) { pods = append(pods, o.(*corev1.Pod)) })
 	slices.SortFunc(pods, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
 	var eps []Endpoint
 	names := map[string]podRef{}
@@ -492,7 +528,7 @@ func (k *Kubernetes) patchRole(ctx context.Context, ref podRef, role string) err
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"uid": ref.uid, "labels": map[string]string{k.RoleLabel: role}}})
 	var err error
 	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 10*time.Second) {
-		_, err = k.Client.CoreV1().Pods(k.Config.Namespace).Patch(ctx, ref.name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "narwhal"})
+		_, err = k.Client.Resource(podResource).Namespace(k.Config.Namespace).Patch(ctx, ref.name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "narwhal"})
 		if err == nil || apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || apierrors.IsConflict(err) || apierrors.IsInvalid(err) || ctx.Err() != nil || delay >= 10*time.Second {
 			return err
 		}
@@ -534,30 +570,38 @@ func (k *Kubernetes) ownerRefuses(ctx context.Context, ref podRef) string {
 		}
 	}
 	resource := strings.ToLower(o.Kind) + "s"
+	// get reads the owner (of group, version v1) into its struct.
+	get := func(group string, into any) error {
+		u, err := k.Client.Resource(schema.GroupVersionResource{Group: group, Version: "v1", Resource: resource}).Namespace(ns).Get(ctx, o.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		return runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, into)
+	}
 	switch o.Kind {
 	case "ReplicaSet":
-		var rs *appsv1.ReplicaSet
-		if rs, err = k.Client.AppsV1().ReplicaSets(ns).Get(ctx, o.Name, metav1.GetOptions{}); err == nil {
+		var rs appsv1.ReplicaSet
+		if err = get(appsv1.GroupName, &rs); err == nil {
 			selectorKeys(rs.Spec.Selector)
 		}
 	case "StatefulSet":
-		var ss *appsv1.StatefulSet
-		if ss, err = k.Client.AppsV1().StatefulSets(ns).Get(ctx, o.Name, metav1.GetOptions{}); err == nil {
+		var ss appsv1.StatefulSet
+		if err = get(appsv1.GroupName, &ss); err == nil {
 			selectorKeys(ss.Spec.Selector)
 		}
 	case "DaemonSet":
-		var ds *appsv1.DaemonSet
-		if ds, err = k.Client.AppsV1().DaemonSets(ns).Get(ctx, o.Name, metav1.GetOptions{}); err == nil {
+		var ds appsv1.DaemonSet
+		if err = get(appsv1.GroupName, &ds); err == nil {
 			selectorKeys(ds.Spec.Selector)
 		}
 	case "ReplicationController":
-		var rc *corev1.ReplicationController
-		if rc, err = k.Client.CoreV1().ReplicationControllers(ns).Get(ctx, o.Name, metav1.GetOptions{}); err == nil {
+		var rc corev1.ReplicationController
+		if err = get(corev1.GroupName, &rc); err == nil {
 			keys = slices.Collect(maps.Keys(rc.Spec.Selector))
 		}
 	case "Job":
-		var j *batchv1.Job
-		if j, err = k.Client.BatchV1().Jobs(ns).Get(ctx, o.Name, metav1.GetOptions{}); err == nil {
+		var j batchv1.Job
+		if err = get(batchv1.GroupName, &j); err == nil {
 			selectorKeys(j.Spec.Selector)
 		}
 	default:

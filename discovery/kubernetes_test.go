@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/fleet"
@@ -74,8 +74,12 @@ func watcher(t *testing.T, c *cluster, user string, kc config.DiscoveryKubernete
 	if err != nil {
 		t.Fatal(err)
 	}
-	restCfg := c.s.User(t, user)
-	k := &Kubernetes{Config: kc, Client: kubernetes.NewForConfigOrDie(restCfg), Dynamic: dynamic.NewForConfigOrDie(restCfg),
+	rc := c.s.User(t, user)
+	server, err := rest.UnversionedRESTClientFor(dynamic.ConfigFor(rc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &Kubernetes{Config: kc, Client: dynamic.NewForConfigOrDie(rc), Server: server,
 		Source: NewSource(SourceKubernetes, cfg), Fleet: f, RoleLabel: config.LabelRole, Now: time.Now, Log: slog.New(slog.DiscardHandler)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -160,7 +160,7 @@ func TestMetricsReader(t *testing.T) {
 
 	// An engine out of placement is not read, and its last reading is cleared (once); a
 	// stopped reader reads nothing.
-	if _, err := f.Drain("d1", time.Now(), "test"); err != nil {
+	if _, err := f.Drain("d1", time.Now(), "test", fleet.Floors{}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

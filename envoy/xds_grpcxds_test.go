@@ -122,7 +122,7 @@ func TestGRPCXDSClient(t *testing.T) {
 		engineSpec{"e3", eng[2].addr, "decode", false},
 		engineSpec{"e4", eng[3].addr, "decode", false},
 	)
-	mustEngine(t)(f.Drain("e4", xdsEpoch, "admin"))
+	mustEngine(t)(f.Drain("e4", xdsEpoch, "admin", fleet.Floors{}))
 	ts := startServer(t, f, withTestRoute(t, "narwhal-test", wire.Names("narwhal").Decode))
 
 	bootstrap := fmt.Sprintf(`{

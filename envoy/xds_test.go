@@ -247,7 +247,7 @@ func fleetChanges(t testing.TB, f *fleet.Fleet) []struct {
 		apply  func()
 		change []string
 	}{
-		{"drain e3", func() { mustEngine(t)(f.Drain("e3", xdsEpoch, "admin")) }, []string{"narwhal-decode", "narwhal-engines"}},
+		{"drain e3", func() { mustEngine(t)(f.Drain("e3", xdsEpoch, "admin", fleet.Floors{})) }, []string{"narwhal-decode", "narwhal-engines"}},
 		{"unpin e4", func() { mustEngine(t)(f.SetPinned("e4", false, xdsEpoch, "admin")) }, []string{"narwhal-engines", "narwhal-prefill"}},
 		{"move e4 to decode", func() { mustEngine(t)(f.SetRole("e4", fleet.Decode, xdsEpoch, "decision 1")) }, allSorted},
 		{"pin e2", func() { mustEngine(t)(f.SetPinned("e2", true, xdsEpoch, "admin")) }, []string{"narwhal-decode", "narwhal-engines"}},
@@ -639,7 +639,7 @@ func TestManyClientsConverge(t *testing.T) {
 			mustEngine(t)(f.SetPinned(id, false, xdsEpoch, "burst"))
 			mustEngine(t)(f.SetRole(id, 3-e.Role, xdsEpoch, "burst"))
 		case 1:
-			mustEngine(t)(f.Drain(id, xdsEpoch, "burst"))
+			mustEngine(t)(f.Drain(id, xdsEpoch, "burst", fleet.Floors{}))
 		case 2:
 			e, _ := f.Engine(id)
 			mustEngine(t)(f.SetPinned(id, !e.Pinned, xdsEpoch, "burst"))
@@ -706,7 +706,7 @@ func TestNackNoStorm(t *testing.T) {
 	if got := nackAll(2); !slices.Equal(got, []string{"cds cds-1", "eds eds-1"}) {
 		t.Fatalf("responses while rejecting everything (then 1s more): %v (%d)", got, len(got))
 	}
-	mustEngine(t)(f.Drain("e2", xdsEpoch, "admin"))
+	mustEngine(t)(f.Drain("e2", xdsEpoch, "admin", fleet.Floors{}))
 	if got := nackAll(1); !slices.Equal(got, []string{"eds eds-2"}) {
 		t.Fatalf("responses after a change (then 1s more): %v (%d)", got, len(got))
 	}
@@ -758,7 +758,7 @@ func TestDeltaNackNoStorm(t *testing.T) {
 	if got := nackAll(2); !slices.Equal(got, []string{"cds 3", "eds 3"}) {
 		t.Fatalf("responses while rejecting everything (then 1s more): %v", got)
 	}
-	mustEngine(t)(f.Drain("e2", xdsEpoch, "admin"))
+	mustEngine(t)(f.Drain("e2", xdsEpoch, "admin", fleet.Floors{}))
 	if got := nackAll(1); !slices.Equal(got, []string{"eds 2"}) {
 		t.Fatalf("responses after a change (then 1s more): %v", got)
 	}

@@ -50,7 +50,7 @@ func mixedFleet(t testing.TB) *fleet.Fleet {
 		engineSpec{"e4", "10.0.0.4:8000", "prefill", false},
 		engineSpec{"e5", "10.0.0.5:8000", "decode", false},
 	)
-	mustEngine(t)(f.Drain("e2", xdsEpoch, "test"))
+	mustEngine(t)(f.Drain("e2", xdsEpoch, "test", fleet.Floors{}))
 	mustEngine(t)(f.SetLifecycle("e3", fleet.Failed, xdsEpoch, "test"))
 	mustEngine(t)(f.SetLifecycle("e4", fleet.Failed, xdsEpoch, "test"))
 	mustEngine(t)(f.SetLifecycle("e4", fleet.Recovering, xdsEpoch, "test"))
@@ -238,7 +238,7 @@ func TestChangedAssignments(t *testing.T) {
 		change func()
 		want   [3]bool
 	}{
-		{"drain a decode engine", func() { mustEngine(t)(f.Drain("e5", xdsEpoch, "t")) }, [3]bool{false, true, true}},
+		{"drain a decode engine", func() { mustEngine(t)(f.Drain("e5", xdsEpoch, "t", fleet.Floors{})) }, [3]bool{false, true, true}},
 		{"undrain it (it stays draining)", func() { mustEngine(t)(f.Undrain("e5", xdsEpoch, "t")) }, [3]bool{}},
 		{"pin a decode engine", func() { mustEngine(t)(f.SetPinned("e3", true, xdsEpoch, "t")) }, [3]bool{false, true, true}},
 		{"move decode to prefill", func() { mustEngine(t)(f.SetRole("e5", fleet.Prefill, xdsEpoch, "t")) }, [3]bool{true, true, true}},

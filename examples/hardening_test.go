@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/narwhal-llm/narwhal/config"
 )
@@ -22,7 +21,7 @@ import (
 // token where nothing calls the API server; a Role that reaches only its own Lease and state
 // ConfigMap and lists no ConfigMap; the admin token from a mounted Secret, never in the config.
 func TestManifestsHardened(t *testing.T) {
-	decode := serializer.NewCodecFactory(scheme.Scheme).UniversalDeserializer()
+	decode := serializer.NewCodecFactory(apiTypes(t)).UniversalDeserializer()
 	unpinned := regexp.MustCompile(`(:latest|-latest)$|^[^:@]+$`)
 	var deployments, roles int
 	for _, m := range manifests(t) {

@@ -10,11 +10,12 @@ import (
 	"strings"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 
 	"github.com/narwhal-llm/narwhal/config"
@@ -62,11 +63,25 @@ func manifests(t *testing.T) []manifest {
 	return out
 }
 
+// apiTypes are the Kubernetes API groups the manifests use: a manifest of another group fails
+// to decode until its group is added here. (client-go's kubernetes/scheme knows every group,
+// and brings every one into this test's build.)
+func apiTypes(t *testing.T) *runtime.Scheme {
+	t.Helper()
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, rbacv1.AddToScheme} {
+		if err := add(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
 // Every manifest decodes strictly into its Kubernetes API type (an unknown or misplaced field
 // is an error); the InferencePool names a selector and ports Narwhal can use; the Narwhal config
 // in the ConfigMap loads.
 func TestManifestsDecodeStrictly(t *testing.T) {
-	strict := serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer()
+	strict := serializer.NewCodecFactory(apiTypes(t), serializer.EnableStrict).UniversalDeserializer()
 	kinds := map[string]bool{}
 	configs, bootstraps := map[string]*config.Config{}, map[string]string{}
 	for _, m := range manifests(t) {

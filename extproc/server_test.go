@@ -556,7 +556,7 @@ func TestAggregateFallback(t *testing.T) {
 	}
 	fx.await("two residents decode", func(s router.Snapshot) bool { return s.Retained.Decoding >= 2 })
 	for _, id := range []string{"e1", "e2"} {
-		if _, err := fx.fleet.Drain(id, time.Now(), "test"); err != nil {
+		if _, err := fx.fleet.Drain(id, time.Now(), "test", fleet.Floors{}); err != nil {
 			t.Fatal(err)
 		}
 	}

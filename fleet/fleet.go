@@ -20,6 +20,9 @@ import (
 var (
 	ErrUnknownEngine = errors.New("fleet: unknown engine")
 	ErrTransition    = errors.New("fleet: invalid transition")
+	// ErrFloor is a drain refused because it would leave the engine's role under its floor
+	// (FloorError says which).
+	ErrFloor = errors.New("fleet: below the floor")
 )
 
 // Snapshot is the fleet at one version. Engines are in configuration order; the slice is the
@@ -198,10 +201,24 @@ func (f *Fleet) deliver() {
 
 // Drain holds the engine out of placement on an operator's request: it becomes draining and
 // stays so until Undrain, whatever its probes say. Draining a held engine changes nothing.
-func (f *Fleet) Drain(id string, now time.Time, cause string) (Engine, error) {
+// Draining a live engine that would leave fewer live engines in its role than floors asks of
+// that role is refused with ErrFloor, and nothing changes (zero Floors: no floor, a drain
+// forced).
+func (f *Fleet) Drain(id string, now time.Time, cause string, floors Floors) (Engine, error) {
 	return f.update(id, func(e *Engine) ([]Event, error) {
 		if e.Held {
 			return nil, nil
+		}
+		if floor := floors.of(e.Role); e.Live() && floor > 0 {
+			left := 0 // update holds f.mu: the others as they are
+			for j := range f.engines {
+				if o := &f.engines[j]; o.ID != e.ID && o.Live() && o.Role == e.Role {
+					left++
+				}
+			}
+			if left < floor {
+				return nil, &FloorError{Engine: e.ID, Role: e.Role, Left: left, Floor: floor}
+			}
 		}
 		var evs []Event
 		if e.Lifecycle != Draining {
@@ -215,6 +232,34 @@ func (f *Fleet) Drain(id string, now time.Time, cause string) (Engine, error) {
 		return append(evs, Event{Time: now, Kind: EventHold, Engine: e.ID, Held: true, Cause: cause}), nil
 	})
 }
+
+// Floors are the least live engines each role keeps (controller.min_prefill, min_decode).
+type Floors struct{ Prefill, Decode int }
+
+func (fl Floors) of(r Role) int {
+	switch r {
+	case Prefill:
+		return fl.Prefill
+	case Decode:
+		return fl.Decode
+	}
+	return 0
+}
+
+// FloorError is Drain's refusal: draining Engine would leave Left live engines in Role, under
+// its Floor. It is ErrFloor.
+type FloorError struct {
+	Engine      string
+	Role        Role
+	Left, Floor int
+}
+
+func (e *FloorError) Error() string {
+	return fmt.Sprintf("draining %s would leave %d live %s engines, under the floor of %d", e.Engine, e.Left, e.Role, e.Floor)
+}
+
+// Is makes a FloorError ErrFloor.
+func (e *FloorError) Is(target error) bool { return target == ErrFloor }
 
 // Undrain releases an operator drain. The engine stays draining until the health monitor sees
 // it healthy (then recovering, then active) or failing (then failed).

@@ -97,7 +97,7 @@ func TestDrainUndrain(t *testing.T) {
 	f := newFleet(t)
 	var events []Event
 	f.OnChange(func(ev Event) { events = append(events, ev) })
-	e, err := f.Drain("e2", t0.Add(time.Second), "admin")
+	e, err := f.Drain("e2", t0.Add(time.Second), "admin", Floors{})
 	if err != nil || e.Lifecycle != Draining || !e.Held {
 		t.Fatalf("drain: %+v %v", e, err)
 	}
@@ -105,7 +105,7 @@ func TestDrainUndrain(t *testing.T) {
 		t.Fatalf("one drain must be one version with two events, got version %d, events %+v", f.Version(), events)
 	}
 	// A second drain changes nothing; the health monitor cannot move a held engine.
-	if _, err := f.Drain("e2", t0, "admin"); err != nil || f.Version() != 2 {
+	if _, err := f.Drain("e2", t0, "admin", Floors{}); err != nil || f.Version() != 2 {
 		t.Fatalf("second drain: %v, version %d", err, f.Version())
 	}
 	if _, err := f.SetLifecycle("e2", Recovering, t0, "health"); !errors.Is(err, ErrTransition) {
@@ -122,8 +122,46 @@ func TestDrainUndrain(t *testing.T) {
 	if _, err := f.SetLifecycle("e1", Failed, t0, "health"); err != nil {
 		t.Fatal(err)
 	}
-	if e, err := f.Drain("e1", t0, "admin"); err != nil || e.Lifecycle != Draining {
+	if e, err := f.Drain("e1", t0, "admin", Floors{}); err != nil || e.Lifecycle != Draining {
 		t.Fatalf("drain a failed engine: %+v %v", e, err)
+	}
+}
+
+// A drain that would leave a role under its floor is refused and changes nothing; engines that
+// are not live neither count toward the floor nor are held to it.
+func TestDrainKeepsTheFloors(t *testing.T) {
+	f := newFleet(t) // e1 prefill; e2, e3 decode
+	floors := Floors{Prefill: 1, Decode: 2}
+	var fe *FloorError
+	if _, err := f.Drain("e1", t0, "admin", floors); !errors.Is(err, ErrFloor) || !errors.As(err, &fe) ||
+		fe.Engine != "e1" || fe.Role != Prefill || fe.Left != 0 || fe.Floor != 1 {
+		t.Fatalf("drain of the only prefill engine: %v (%+v)", err, fe)
+	}
+	if _, err := f.Drain("e2", t0, "admin", floors); !errors.Is(err, ErrFloor) {
+		t.Fatalf("drain of one of two decode engines at a floor of two: %v", err)
+	}
+	if e := f.Snapshot().Engines[0]; f.Version() != 1 || e.Lifecycle != Active || e.Held {
+		t.Fatalf("a refused drain changed the fleet: version %d, %+v", f.Version(), e)
+	}
+	if _, err := f.Drain("e2", t0, "admin", Floors{Prefill: 1, Decode: 1}); err != nil {
+		t.Fatalf("drain leaving one decode engine at a floor of one: %v", err)
+	}
+	if _, err := f.Drain("e3", t0, "admin", Floors{Prefill: 1, Decode: 1}); !errors.Is(err, ErrFloor) {
+		t.Fatalf("drain of the last live decode engine: %v", err)
+	}
+	if _, err := f.Drain("e2", t0, "admin", floors); err != nil {
+		t.Fatalf("a held engine's second drain: %v", err)
+	}
+	// A failed engine is out of the pool already: draining it takes nothing from the floor.
+	if _, err := f.SetLifecycle("e1", Failed, t0, "health"); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := f.Drain("e1", t0, "admin", floors); err != nil || !e.Held {
+		t.Fatalf("drain of a failed engine: %+v %v", e, err)
+	}
+	// Zero floors force it.
+	if e, err := f.Drain("e3", t0, "admin", Floors{}); err != nil || !e.Held {
+		t.Fatalf("a forced drain: %+v %v", e, err)
 	}
 }
 
@@ -329,7 +367,7 @@ func TestInPlaceSwitch(t *testing.T) {
 	if _, err := f2.StartSwitch("e2", Prefill, t1, Mover{Decision: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f2.Drain("e2", t1, "admin"); err != nil {
+	if _, err := f2.Drain("e2", t1, "admin", Floors{}); err != nil {
 		t.Fatal(err)
 	}
 	if e, err := f2.FinishSwitch("e2", SwitchAbandoned, t2, "left switching before the call"); err != nil || e.Lifecycle != Draining || e.Role != Decode || e.SwitchTo != 0 {
@@ -613,7 +651,7 @@ func TestObserversRunOutsideTheLock(t *testing.T) {
 	}
 	<-wake // subscribers were woken by the change itself
 	second := make(chan error, 1)
-	go func() { _, err := f.Drain("e2", t0.Add(time.Second), "test"); second <- err }()
+	go func() { _, err := f.Drain("e2", t0.Add(time.Second), "test", Floors{}); second <- err }()
 	poll.Until(t, 5*time.Second, "the second change made while the first is being delivered", func() bool {
 		e, _ := f.Engine("e2")
 		return e.Lifecycle == Draining

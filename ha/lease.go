@@ -13,15 +13,23 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 )
 
 // LeaseOptions configure a replica on the Kubernetes API server (config ha.kubernetes): the
 // leader holds a coordination.k8s.io Lease NAME, and the durable state is the ConfigMap
 // NAME-state, both in Namespace.
 type LeaseOptions struct {
-	Client    kubernetes.Interface
+	// Leases reads and writes the Lease, State the state ConfigMap: two clients, each with its
+	// own client-side rate limit (client-go's default, 5 requests a second, which the typed
+	// clientset gave each API group), so that a run of state writes never holds up the Lease's
+	// renewal.
+	Leases    dynamic.Interface
+	State     dynamic.Interface
 	Namespace string
 	Name      string
 	LeaseTTLS int    // the Lease's duration: a dead leader is replaced within it
@@ -63,14 +71,65 @@ func NewLeaseNode(o LeaseOptions) *LeaseNode {
 
 func (n *LeaseNode) ttl() time.Duration { return time.Duration(n.o.LeaseTTLS) * time.Second }
 
-func (n *LeaseNode) leases() leaseClient {
-	return n.o.Client.CoordinationV1().Leases(n.o.Namespace)
+func (n *LeaseNode) leases() typed[coordinationv1.Lease] {
+	return typed[coordinationv1.Lease]{n.o.Leases.Resource(coordinationv1.SchemeGroupVersion.WithResource("leases")).Namespace(n.o.Namespace),
+		coordinationv1.SchemeGroupVersion.WithKind("Lease")}
 }
 
-type leaseClient interface {
-	Get(context.Context, string, metav1.GetOptions) (*coordinationv1.Lease, error)
-	Create(context.Context, *coordinationv1.Lease, metav1.CreateOptions) (*coordinationv1.Lease, error)
-	Update(context.Context, *coordinationv1.Lease, metav1.UpdateOptions) (*coordinationv1.Lease, error)
+func (n *LeaseNode) configMaps() typed[corev1.ConfigMap] {
+	return typed[corev1.ConfigMap]{n.o.State.Resource(corev1.SchemeGroupVersion.WithResource("configmaps")).Namespace(n.o.Namespace),
+		corev1.SchemeGroupVersion.WithKind("ConfigMap")}
+}
+
+// typed reads and writes a resource of the dynamic client as its k8s.io/api struct T, converted
+// from and to unstructured; the typed clientset would link every API group's client into the
+// binary (docs/kubernetes.md, "Which pods are engines"). The API server's errors (a conflict,
+// a refusal) come back as they are.
+type typed[T any] struct {
+	r   dynamic.ResourceInterface
+	gvk schema.GroupVersionKind // set on what is sent, as the typed clientset does
+}
+
+func (c typed[T]) Get(ctx context.Context, name string, o metav1.GetOptions) (*T, error) {
+	return fromUnstructured[T](c.r.Get(ctx, name, o))
+}
+
+func (c typed[T]) Create(ctx context.Context, obj *T, o metav1.CreateOptions) (*T, error) {
+	u, err := c.unstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	return fromUnstructured[T](c.r.Create(ctx, u, o))
+}
+
+func (c typed[T]) Update(ctx context.Context, obj *T, o metav1.UpdateOptions) (*T, error) {
+	u, err := c.unstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	return fromUnstructured[T](c.r.Update(ctx, u, o))
+}
+
+func (c typed[T]) unstructured(obj *T) (*unstructured.Unstructured, error) {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return nil, fmt.Errorf("ha: %s: %w", c.gvk.Kind, err)
+	}
+	u := &unstructured.Unstructured{Object: m}
+	u.SetGroupVersionKind(c.gvk)
+	return u, nil
+}
+
+// fromUnstructured is u as a T, or err.
+func fromUnstructured[T any](u *unstructured.Unstructured, err error) (*T, error) {
+	if err != nil {
+		return nil, err
+	}
+	obj := new(T)
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj); err != nil {
+		return nil, fmt.Errorf("ha: %s %s: %w", u.GetKind(), u.GetName(), err)
+	}
+	return obj, nil
 }
 
 // expired reports whether a Lease's holder has not renewed it within its duration.
@@ -291,7 +350,7 @@ func (n *LeaseNode) Save(ctx context.Context, data []byte) (int64, error) {
 		if !n.holds(l) || n.expired(l) {
 			return 0, ErrNotLeader
 		}
-		cms := n.o.Client.CoreV1().ConfigMaps(n.o.Namespace)
+		cms := n.configMaps()
 		cm, err := cms.Get(ctx, n.stateName(), metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: n.stateName(), Namespace: n.o.Namespace}}
@@ -339,7 +398,7 @@ func revision(cm *corev1.ConfigMap) int64 {
 
 // Load reads the state and its revision; nil data when none was written yet.
 func (n *LeaseNode) Load(ctx context.Context) ([]byte, int64, error) {
-	cm, err := n.o.Client.CoreV1().ConfigMaps(n.o.Namespace).Get(ctx, n.stateName(), metav1.GetOptions{})
+	cm, err := n.configMaps().Get(ctx, n.stateName(), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, 0, nil
 	}
@@ -357,7 +416,7 @@ func (n *LeaseNode) Watch(ctx context.Context, rev int64) <-chan []byte {
 		defer close(out)
 		from := strconv.FormatInt(rev, 10)
 		for ctx.Err() == nil {
-			w, err := n.o.Client.CoreV1().ConfigMaps(n.o.Namespace).Watch(ctx, metav1.ListOptions{
+			w, err := n.configMaps().r.Watch(ctx, metav1.ListOptions{
 				FieldSelector: fields.OneTermEqualSelector("metadata.name", n.stateName()).String(), ResourceVersion: from})
 			if err != nil {
 				select {
@@ -368,12 +427,16 @@ func (n *LeaseNode) Watch(ctx context.Context, rev int64) <-chan []byte {
 				continue
 			}
 			for ev := range w.ResultChan() {
-				cm, ok := ev.Object.(*corev1.ConfigMap)
+				u, ok := ev.Object.(*unstructured.Unstructured)
 				if !ok {
 					if st, isStatus := ev.Object.(*metav1.Status); isStatus && st.Code == 410 {
 						from = "" // too old: from now on
 					}
 					continue
+				}
+				cm, err := fromUnstructured[corev1.ConfigMap](u, nil)
+				if err != nil {
+					continue // not a ConfigMap: no state in it
 				}
 				from = cm.ResourceVersion
 				select {

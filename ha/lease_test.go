@@ -12,7 +12,7 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
 
 	"github.com/narwhal-llm/narwhal/internal/kubetest"
@@ -31,7 +31,8 @@ func TestKubernetesLease(t *testing.T) {
 	// and watch all run under it.
 	c.Grant(t, ns, "narwhal", exampleRole(t).Rules...)
 	node := func(id string) *LeaseNode {
-		return NewLeaseNode(LeaseOptions{Client: kubernetes.NewForConfigOrDie(s.User(t, "narwhal")), Namespace: ns, Name: "narwhal", LeaseTTLS: 2, ID: id})
+		rc := s.User(t, "narwhal")
+		return NewLeaseNode(LeaseOptions{Leases: dynamic.NewForConfigOrDie(rc), State: dynamic.NewForConfigOrDie(rc), Namespace: ns, Name: "narwhal", LeaseTTLS: 2, ID: id})
 	}
 	ctx := context.Background()
 	a, b := node("a"), node("b")

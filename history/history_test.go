@@ -58,7 +58,7 @@ func TestSample(t *testing.T) {
 	bounds := []float64{0.25, 0.5, 1}
 	prev := Reading{T: t0, Fleet: f.Snapshot(), Router: router.Snapshot{Counters: router.Counters{Offers: 10, Admitted: 9, Completed: 5}},
 		TTFT: Hist{Bounds: bounds, Counts: []uint64{5, 5, 5}, Count: 5}}
-	if _, err := f.Drain("e4", t0, "admin"); err != nil {
+	if _, err := f.Drain("e4", t0, "admin", fleet.Floors{}); err != nil {
 		t.Fatal(err)
 	}
 	cur := Reading{T: t0.Add(2 * time.Second), Fleet: f.Snapshot(),

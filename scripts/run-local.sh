@@ -5,11 +5,14 @@
 # page at http://127.0.0.1:9090/) until Ctrl-C. An engine that exits (killed, say) is reported
 # and the rest keep running; Narwhal exiting stops everything.
 #
+# Portable bash (3.2, macOS's, and later): no associative arrays, no `wait -n`.
+#
 # Usage: scripts/run-local.sh [path/to/narwhal]
 #   RESUME=1   continue from the durable state of the last run (default: the config's roles)
 #   LOAD=0     no load: Narwhal and the engines only
-set -uo pipefail
+set -o pipefail # not -u: bash 3.2 calls an empty array unbound
 narwhal=${1:-bin/narwhal}
+admin=127.0.0.1:9090
 
 # id address role: the engines of config/default.yaml (a test keeps the two in step).
 engines=(
@@ -25,22 +28,39 @@ engines=(
 #   bin/narwhal sim --synthetic phases --phase-s 60 --synthetic-rate 25 --synthetic-duration-s 180 --policy narwhal,static
 workload=(--synthetic phases --phase-s 60 --synthetic-rate 25 --synthetic-duration-s 180)
 
+say() { echo "narwhal: $*" >&2; }
+
+for tool in curl jq; do
+  command -v "$tool" >/dev/null || say "$tool not found: the README's examples against the running demo use it (Debian: apt-get install $tool; macOS: brew install $tool)"
+done
+
+# pids[k] is the process of what[k]: "engine ID ADDRESS ROLE", "serve" or "load".
 pids=()
+what=()
+start() { # start WHAT COMMAND...: runs the command in the background as WHAT
+  local w=$1
+  shift
+  "$@" &
+  pids+=($!)
+  what+=("$w")
+}
+
+stopping=0
 stop() {
   trap - INT TERM EXIT
-  kill -TERM "${pids[@]}" 2>/dev/null
-  wait 2>/dev/null
+  stopping=1
+  if [[ ${#pids[@]} -gt 0 ]]; then
+    kill -TERM "${pids[@]}" 2>/dev/null
+    wait "${pids[@]}" 2>/dev/null
+  fi
 }
-trap 'stop; exit 0' INT TERM
+trap 'stop; say "stopped"; exit 0' INT TERM
 trap stop EXIT
 
-declare -A engine_of # pid -> "id address role"
 seed=1
 for e in "${engines[@]}"; do
   read -r id addr role <<<"$e"
-  "$narwhal" enginesim --listen "$addr" --role "$role" --seed "$seed" &
-  pids+=($!)
-  engine_of[$!]="$e"
+  start "engine $e" "$narwhal" enginesim --listen "$addr" --role "$role" --seed "$seed"
   seed=$((seed + 1))
 done
 
@@ -48,40 +68,55 @@ reset=(--reset-state)
 if [[ ${RESUME:-0} == 1 ]]; then
   reset=()
 fi
-"$narwhal" serve "${reset[@]}" &
-serve=$!
-pids+=($serve)
+start serve "$narwhal" serve "${reset[@]}"
 
-echo "narwhal: the page on http://127.0.0.1:9090/, the state on http://127.0.0.1:9090/narwhal/state; Ctrl-C stops everything" >&2
-load=
+say "the page on http://$admin/, the state on http://$admin/narwhal/state; Ctrl-C stops everything"
 if [[ ${LOAD:-1} != 0 ]]; then
   # The gateway on :8080 takes your requests through Narwhal too, while the load runs.
-  "$narwhal" load "${workload[@]}" --listen 127.0.0.1:8080 &
-  load=$!
-  pids+=($load)
+  start load "$narwhal" load "${workload[@]}" --listen 127.0.0.1:8080
 fi
 
-# Report each process that ends (wait -n -p: bash 5.1 or later); Narwhal ending ends the run.
-while :; do
-  wait -n -p done "${pids[@]}"
-  status=$?
-  case $done in
-  "$serve")
-    echo "narwhal: narwhal serve exited (status $status); stopping the rest" >&2
+# roleOf ID: the engine's role now, from /narwhal/state (it may have moved since the start);
+# empty when curl or jq is missing or Narwhal does not answer.
+roleOf() {
+  command -v curl >/dev/null && command -v jq >/dev/null || return 0
+  curl -s --max-time 2 "http://$admin/narwhal/state" | jq -r --arg id "$1" '.engines[] | select(.id == $id) | .role' 2>/dev/null
+}
+
+# ended K STATUS: what[K] exited with STATUS.
+ended() {
+  local status=$2 id addr role now
+  case ${what[$1]} in
+  serve)
+    say "narwhal serve exited (status $status); stopping the rest"
     exit "$status"
     ;;
-  "$load")
-    echo "narwhal: the load is over; Narwhal and the engines keep running (Ctrl-C stops them)" >&2
+  load)
+    say "the load is over; Narwhal and the engines keep running (Ctrl-C stops them)"
     ;;
-  *)
-    read -r id addr role <<<"${engine_of[$done]}"
-    echo "narwhal: engine $id ($addr) exited (status $status); the rest keep running. Restart it with:" \
-      "$narwhal enginesim --listen $addr --role $role" >&2
+  engine*)
+    read -r _ id addr role <<<"${what[$1]}"
+    now=$(roleOf "$id")
+    say "engine $id ($addr) exited (status $status); the rest keep running. Restart it (${now:-$role} now) with:" \
+      "$narwhal enginesim --listen $addr --role ${now:-$role}"
     ;;
   esac
-  rest=()
-  for p in "${pids[@]}"; do
-    [[ $p == "$done" ]] || rest+=("$p")
+}
+
+# Report each process that ends, polling once a second (portable: no `wait -n`). A Ctrl-C runs
+# the INT trap before the next poll, so the processes it stops are not reported one by one.
+while [[ ${#pids[@]} -gt 0 ]]; do
+  sleep 1
+  [[ $stopping == 1 ]] && break
+  k=0
+  while [[ $k -lt ${#pids[@]} ]]; do
+    if kill -0 "${pids[$k]}" 2>/dev/null; then
+      k=$((k + 1))
+      continue
+    fi
+    wait "${pids[$k]}"
+    ended "$k" $?
+    pids=("${pids[@]:0:$k}" "${pids[@]:$((k + 1))}")
+    what=("${what[@]:0:$k}" "${what[@]:$((k + 1))}")
   done
-  pids=("${rest[@]}")
 done

@@ -512,7 +512,7 @@ func (s *run) fault(f config.Fault) {
 	case "recover":
 		e.up = true
 	case "drain":
-		if _, err := s.f.Drain(f.Engine, s.now, "sim fault"); err == nil {
+		if _, err := s.f.Drain(f.Engine, s.now, "sim fault", fleet.Floors{}); err == nil {
 			s.syncFleet()
 		}
 	case "undrain":

@@ -49,7 +49,7 @@ func TestRoundTrip(t *testing.T) {
 	if _, err := f.SetRole("b", fleet.Prefill, moved, "test"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.Drain("d", moved, "test"); err != nil {
+	if _, err := f.Drain("d", moved, "test", fleet.Floors{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.SetPinned("c", true, moved, "test"); err != nil {

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -494,6 +495,54 @@ func TestRunScriptMatchesDefault(t *testing.T) {
 	}
 }
 
+// TestPrereqs runs the check `make run` and `make test` start with: one line for each missing
+// prerequisite, exit 1 when the target cannot run without it, and nothing when all are there.
+func TestPrereqs(t *testing.T) {
+	script, err := filepath.Abs("../../scripts/prereqs.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sed, err := exec.LookPath("sed")
+	if err != nil {
+		t.Skip("no sed on PATH")
+	}
+	// bin holds sed and the given fake commands; PATH is bin alone.
+	run := func(target string, fakes map[string]string) (string, int) {
+		t.Helper()
+		bin := t.TempDir()
+		if err := os.Symlink(sed, filepath.Join(bin, "sed")); err != nil {
+			t.Fatal(err)
+		}
+		for name, body := range fakes {
+			if err := os.WriteFile(filepath.Join(bin, name), []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cmd := exec.Command("/bin/sh", script, target)
+		cmd.Env = []string{"PATH=" + bin}
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatal(err)
+		}
+		return string(out), cmd.ProcessState.ExitCode()
+	}
+	oldGo := map[string]string{"go": "echo go1.25.3"}
+	if out, code := run("test", oldGo); code != 1 || !strings.Contains(out, "make test: chromium not found") || !strings.Contains(out, "make test: Go 1.25.3 found; the module needs 1.26") {
+		t.Fatalf("make test without chromium (and apt-get), with Go 1.25: exit %d\n%s", code, out)
+	}
+	if out, code := run("run", nil); code != 1 || !strings.Contains(out, "make run: go not found") || !strings.Contains(out, "make run: bash not found") ||
+		!strings.Contains(out, "make run: jq not found: only the README's examples") {
+		t.Fatalf("make run with nothing: exit %d\n%s", code, out)
+	}
+	all := map[string]string{"go": "echo go1.26.0", "bash": "", "curl": "", "jq": "", "chromium": ""}
+	for _, target := range []string{"run", "test"} {
+		if out, code := run(target, all); code != 0 || out != "" {
+			t.Fatalf("make %s with everything: exit %d\n%s", target, code, out)
+		}
+	}
+}
+
 // TestRunScript runs what `make run` runs: the script brings up narwhal and the four engines of
 // the embedded default on their fixed ports, /narwhal/state shows four active engines (2
 // prefill, 2 decode), narwhal load's requests go through Narwhal, an engine killed is reported
@@ -577,13 +626,27 @@ func TestRunScript(t *testing.T) {
 	if strings.Contains(out.String(), "stopping the rest") {
 		t.Fatalf("the script stopped on e4's exit:\n%s", out.String())
 	}
-	_ = cmd.Process.Signal(syscall.SIGINT)
+	// The restart hint names the role Narwhal has for e4 now (it may have moved since the start).
+	if st, err := getState("127.0.0.1:9090"); err == nil {
+		for _, e := range st.Engines {
+			if hint := "enginesim --listen 127.0.0.1:8004 --role " + e.Role; e.ID == "e4" && !strings.Contains(out.String(), hint) {
+				t.Fatalf("the restart hint does not say %q:\n%s", hint, out.String())
+			}
+		}
+	}
+	// Ctrl-C: the terminal interrupts the whole process group. The script stops everything and
+	// says so once, not an "exited" line for each process the interrupt stopped.
+	before := len(out.String())
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
 	case <-done:
 	case <-time.After(40 * time.Second):
 		t.Fatal("run-local.sh did not stop on SIGINT")
+	}
+	if after := out.String()[before:]; strings.Contains(after, "exited") || !strings.Contains(after, "narwhal: stopped") {
+		t.Fatalf("after Ctrl-C the script said\n%s\nwant only that it stopped", after)
 	}
 	// Every process is gone: the ports are free again.
 	for _, a := range []string{"127.0.0.1:9090", "127.0.0.1:9002", "127.0.0.1:18000", "127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003", "127.0.0.1:8004"} {

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -24,15 +23,17 @@ func newKubernetes(cfg *config.Config, f *fleet.Fleet, log *slog.Logger) (*disco
 		return nil, err
 	}
 	rc.UserAgent = "narwhal/" + version
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("discovery.kubernetes: %w", err)
-	}
 	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("discovery.kubernetes: %w", err)
 	}
-	return &discovery.Kubernetes{Config: kc, Client: cs, Dynamic: dyn, Source: discovery.NewSource(discovery.SourceKubernetes, cfg),
+	// The /version checks' client has its own rate limit (discovery.Kubernetes.Server); the
+	// dynamic client's settings serve it (JSON, no types to know).
+	server, err := rest.UnversionedRESTClientFor(dynamic.ConfigFor(rc))
+	if err != nil {
+		return nil, fmt.Errorf("discovery.kubernetes: %w", err)
+	}
+	return &discovery.Kubernetes{Config: kc, Client: dyn, Server: server, Source: discovery.NewSource(discovery.SourceKubernetes, cfg),
 		Fleet: f, RoleLabel: cfg.Discovery.RoleLabel, Now: time.Now, Log: log}, nil
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,6 +17,23 @@ func TestKubeClientConfigNamesItsSection(t *testing.T) {
 		}
 		if _, err := kubeClientConfig(key, ""); err == nil || !strings.Contains(err.Error(), "set "+key+".kubeconfig") {
 			t.Errorf("%s, in-cluster outside a cluster: %v", key, err)
+		}
+	}
+}
+
+// narwhal links none of client-go's typed clients, informers or scheme: they bring every API
+// group's client into the build; the dynamic client and tools/cache do the same work
+// (docs/kubernetes.md, "Which pods are engines").
+func TestNoTypedKubernetesClients(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		for _, typed := range []string{"k8s.io/client-go/kubernetes", "k8s.io/client-go/informers", "k8s.io/client-go/listers"} {
+			if pkg == typed || strings.HasPrefix(pkg, typed+"/") {
+				t.Errorf("narwhal links %s: use the dynamic client (docs/kubernetes.md)", pkg)
+			}
 		}
 	}
 }

@@ -234,7 +234,7 @@ func TestReadmeStateExample(t *testing.T) {
 	}
 }
 
-// layerOrder is the order of the README's layers: a package imports only from its own layer or
+// layerOrder is the order of the layers of docs/development.md: a package imports only from its own layer or
 // an earlier one.
 var layerOrder = []string{"vocabulary", "core", "edge", "tool"}
 
@@ -249,14 +249,18 @@ var onlyIn = map[string][]string{
 	"crypto/tls": {"tlsfiles", "ha"},
 }
 
-// The README's package table is the rule: every package of the module is in it, with a layer,
-// and no package imports one of a later layer (its non-test imports, from go list).
+// The package table of docs/development.md is the rule: every package of the module is in it,
+// with a layer, and no package imports one of a later layer (its non-test imports, from go list).
 func TestLayers(t *testing.T) {
 	const module = "github.com/narwhal-llm/narwhal/"
-	text := section(t, readme(t), "## Development")
+	b, err := os.ReadFile("../../docs/development.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(b)
 	start := strings.Index(text, "| package | layer | what it holds |")
 	if start < 0 {
-		t.Fatal("README, Development: no package table")
+		t.Fatal("docs/development.md: no package table")
 	}
 	layer := map[string]int{}
 	for _, line := range strings.Split(text[start:], "\n")[2:] {
@@ -266,7 +270,7 @@ func TestLayers(t *testing.T) {
 		cells := strings.Split(line, "|")
 		at := slices.Index(layerOrder, strings.TrimSpace(cells[2]))
 		if len(cells) < 4 || at < 0 {
-			t.Fatalf("README package table: bad row %q (layers: %v)", line, layerOrder)
+			t.Fatalf("docs/development.md package table: bad row %q (layers: %v)", line, layerOrder)
 		}
 		for _, m := range regexp.MustCompile("`([^`]+)`").FindAllStringSubmatch(cells[1], -1) {
 			layer[m[1]] = at
@@ -283,7 +287,7 @@ func TestLayers(t *testing.T) {
 		pkg := strings.TrimPrefix(fields[0], module)
 		from, ok := layer[pkg]
 		if !ok {
-			t.Errorf("package %s is not in the README's package table (Development): add it with its layer", pkg)
+			t.Errorf("package %s is not in the package table of docs/development.md: add it with its layer", pkg)
 			continue
 		}
 		for _, imp := range fields[1:] {
@@ -295,7 +299,7 @@ func TestLayers(t *testing.T) {
 				continue
 			}
 			if to, ok := layer[dep]; ok && to > from {
-				t.Errorf("%s (%s) imports %s (%s): a later layer; the README's table says %s", pkg, layerOrder[from], dep, layerOrder[to], strings.Join(layerOrder, " < "))
+				t.Errorf("%s (%s) imports %s (%s): a later layer; docs/development.md's table says %s", pkg, layerOrder[from], dep, layerOrder[to], strings.Join(layerOrder, " < "))
 			}
 		}
 	}

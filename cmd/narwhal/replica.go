@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/narwhal-llm/narwhal/config"
 	"github.com/narwhal-llm/narwhal/ha"
@@ -22,11 +22,15 @@ func dialReplica(cfg *config.Config, id string, log *slog.Logger) (*ha.Replica, 
 			return nil, fmt.Errorf("ha.kubernetes: %w", err)
 		}
 		rc.UserAgent = "narwhal/" + version
-		cs, err := kubernetes.NewForConfig(rc)
+		leases, err := dynamic.NewForConfig(rc)
 		if err != nil {
 			return nil, fmt.Errorf("ha.kubernetes: %w", err)
 		}
-		node := ha.NewLeaseNode(ha.LeaseOptions{Client: cs, Namespace: k.Namespace, Name: k.Name, LeaseTTLS: cfg.HA.LeaseTTLS, ID: id, Logger: log})
+		state, err := dynamic.NewForConfig(rc) // its own rate limit (ha.LeaseOptions)
+		if err != nil {
+			return nil, fmt.Errorf("ha.kubernetes: %w", err)
+		}
+		node := ha.NewLeaseNode(ha.LeaseOptions{Leases: leases, State: state, Namespace: k.Namespace, Name: k.Name, LeaseTTLS: cfg.HA.LeaseTTLS, ID: id, Logger: log})
 		return ha.NewReplica(node, id, "configmap "+k.Namespace+"/"+k.Name+"-state", "the API server", log), nil
 	}
 	n, err := dialEtcd(cfg, id, log)

@@ -266,7 +266,7 @@ func TestServeTLSEndToEnd(t *testing.T) {
 		}
 		complete("on the connection opened before the rotation")
 		adminClient := &http.Client{Transport: &http.Transport{TLSClientConfig: p.client(t, p.opCert, p.opKey)}}
-		resp, err := adminClient.Post("https://"+admin+"/narwhal/engines/e2/drain", "application/json", nil)
+		resp, err := adminClient.Post("https://"+admin+"/narwhal/engines/e2/drain?force=true", "application/json", nil) // its only decode engine
 		if err != nil || resp.StatusCode != http.StatusOK {
 			t.Fatalf("drain over https: %v %v", resp, err)
 		}

@@ -1,3 +1,5 @@
+//go:build kubernetes
+
 // Package kubetest starts a real kube-apiserver for tests: the binary `make kube-apiserver`
 // builds from the Kubernetes module into the user cache (internal/kubeapiserver), on an
 // embedded etcd, on a port the system picks, with RBAC on and client-certificate users signed
