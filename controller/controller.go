@@ -294,10 +294,12 @@ func (c *Controller) windowState() decisionlog.WindowState {
 }
 
 // PricingQuery is what every evaluation prices its splits with (docs/role-control.md section
-// 3): the waiting set and the priced demand of the next reactive.step_s. The simulator's
-// fidelity figure prices with it too, so that it judges the controller's own ranking.
+// 3): the waiting set and the priced demand of the next reactive.step_s, and a prefill pool's
+// shortfall held for thresholds.dwell_s (the least time a moved engine keeps its role). The
+// simulator's fidelity figure prices with it too, so that it judges the controller's own
+// ranking.
 func PricingQuery(cfg config.Controller, splits ...router.Split) router.Query {
-	return router.Query{Splits: splits, StepS: cfg.Reactive.StepS}
+	return router.Query{Splits: splits, StepS: cfg.Reactive.StepS, SustainS: cfg.Thresholds.DwellS}
 }
 
 func withRequest(q router.Query, h router.Handle) router.Query { q.Request = h; return q }

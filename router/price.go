@@ -50,9 +50,13 @@ type Pricing struct {
 // of the next StepS seconds; with Request set, each split also projects that waiting
 // request's TTFT.
 type Query struct {
-	Splits  []Split
-	StepS   float64
-	Request Handle
+	Splits []Split
+	StepS  float64
+	// SustainS, when positive, is how long a split is held: a prefill pool whose rate falls
+	// short of the priced arrivals builds a backlog over it, which the probe waits
+	// (docs/role-control.md section 3, "A shortfall held").
+	SustainS float64
+	Request  Handle
 	// OutputScale, when positive, multiplies the priced demand's output tokens per request
 	// (the consolidation trend prices a rise in output demand continued, docs/role-control.md
 	// section 2).
@@ -184,9 +188,17 @@ func (r *Router) Price(now time.Time, q Query) (ps []Pricing, waiting bool) {
 		// Arrivals come in Poisson clumps, not every 1/λ: the probe also waits the mean wait of
 		// the priced demand at the split's prefill pool taken as a queue (its engines as
 		// servers of the pool's mean prefill time of the mean prompt, their total rate kept).
+		// A pool short of the arrivals falls behind by their difference for as long as the
+		// split is held: a shortfall of a few percent builds no queue the step can see, and a
+		// split that local prefill brings near the arrival rate looked as good as one that
+		// serves it (docs/role-control.md section 3, "A shortfall held").
 		var queue float64
 		if n := sp.servers; d.ArrivalsPerS > 0 && n > 0 {
-			queue = poissonWait(n, d.ArrivalsPerS, float64(n)/sp.prefill.rate(meanPrompt))
+			mu := sp.prefill.rate(meanPrompt)
+			queue = poissonWait(n, d.ArrivalsPerS, float64(n)/mu)
+			if mu < d.ArrivalsPerS {
+				queue += (d.ArrivalsPerS - mu) * q.SustainS / mu
+			}
 			probe += queue
 		}
 		step, overload := r.priceDecode(sp)
@@ -263,7 +275,7 @@ func (p *pricing) load(r *Router, t, horizon float64, splits []Split, d Rates) [
 			// Its local share, as placement prices it for a request of the mean size: the step
 			// with its stream's KV too.
 			rate := max(d.OutputTokensPerS/float64(len(sp.dec)), e.outputRate(e.localWorkAt(t, out), out))
-			if share := r.localShare(e, e.stepSeconds(streams, kvs+need), streams, kvs+need, rate); share > 0 {
+			if share := r.localShare(e, streams, kvs+need, rate); share > 0 {
 				// A decode engine that prefills locally is a prefill server of the split, at the
 				// share of its time its streams can spare (docs/role-control.md section 3).
 				sp.prefill.add(e.prof.Prefill, e.corr[0], 1/share, max(t, e.busyUntil), i)
@@ -276,16 +288,25 @@ func (p *pricing) load(r *Router, t, horizon float64, splits []Split, d Rates) [
 	return ss
 }
 
-// localShare is the share of its time decode engine e gives local prefill, priced, when a
-// stream's step there is step with streams streams reserving kv KV tokens
-// (router.local_prefill: auto): what placement lets the step stretch to (localLimit),
-// 1 − step/limit; 0 for an engine that never prefills locally, or below minLocalShare.
-func (r *Router) localShare(e *engine, step float64, streams int, kv int64, rate float64) float64 {
+// localShare is the share of its time decode engine e gives local prefill, priced
+// (router.local_prefill: auto), when it decodes streams streams reserving kv KV tokens and the
+// demand asks rate output tokens a second of it: at the steady state that output leads to when
+// local prefill takes all that placement lets it (docs/role-control.md section 3). Its streams'
+// step stretches to the limit (localTPOTShare of the TPOT SLO), so by Little's law it carries
+// rate · limit streams (its fullest batch at most, its streams now at least); local prefill may
+// take what neither the stretch to the limit nor that output at their step leaves:
+// 1 − max(step/limit, rate · step/streams). Priced at the streams now, it was priced above its
+// steady state while they built up (the step grows with them). 0 for an engine that never
+// prefills locally, or below minLocalShare.
+func (r *Router) localShare(e *engine, streams int, kv int64, rate float64) float64 {
 	if r.cfg.LocalPrefill != config.LocalPrefillAuto || e.inPlace || e.prof.Prefill == nil || !e.live {
 		return 0
 	}
-	limit := r.localLimit(step, e.busyShare(rate, streams, kv))
-	if share := math.Floor((1-step/limit)/minLocalShare) * minLocalShare; share >= minLocalShare {
+	limit := r.slo.TPOTS * localTPOTShare
+	full, perKV := e.fullBatch(streams, kv)
+	n := max(float64(streams), min(rate*limit, full), 1)
+	step := e.stepSeconds(int(n), int64(n*perKV))
+	if share := math.Floor((1-max(step/limit, rate*step/n))/minLocalShare) * minLocalShare; share >= minLocalShare {
 		return share // in steps of minLocalShare: engines of one curve share a few classes
 	}
 	return 0

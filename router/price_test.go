@@ -424,3 +424,68 @@ func TestPrefillSchedHold(t *testing.T) {
 		t.Fatalf("rate %g prompts/s, want 0.25", r)
 	}
 }
+
+// A prefill pool short of the priced arrivals falls behind by their difference for as long as
+// the split is held (Query.SustainS): the probe waits that backlog. One engine of one-second
+// prompts against 1.25 arrivals a second falls 0.25 s behind each second; held 60 s it is 15 s
+// behind. Under its rate, holding it adds nothing.
+func TestPriceShortfallHeld(t *testing.T) {
+	for _, tc := range []struct {
+		gap   float64 // seconds between arrivals
+		short bool
+	}{{0.8, true}, {1.25, false}} {
+		cfg := config.Default()
+		cfg.Router.LocalPrefill = config.LocalPrefillOff
+		p := cfg.Profiles[config.DefaultProfileName]
+		p.Prefill = &config.PrefillCurve{BaseS: 1, MaxTokens: 16384} // one second a prompt
+		cfg.Profiles[config.DefaultProfileName] = p
+		r := testRouter(t, cfg, "p prefill", "d decode")
+		n := 0
+		for ; float64(n)*tc.gap < 10; n++ {
+			o := r.Offer(at(float64(n)*tc.gap), Offer{ID: "r", PromptTokens: 100, MaxTokens: 1})
+			if o.Status != Dispatched {
+				t.Fatalf("offer %d: %+v", n, o)
+			}
+			_ = r.FirstToken(at(float64(n)*tc.gap), o.Handle)
+			_ = r.Complete(at(float64(n)*tc.gap), o.Handle, 1)
+		}
+		for i := range r.engines { // the instant first tokens taught a correction; price the curve
+			r.engines[i].corr = [2]float64{1, 1}
+		}
+		now := at(10)
+		lambda := r.Demand(now).Priced.ArrivalsPerS
+		q := Query{Splits: []Split{r.CurrentSplit()}, StepS: 5}
+		alone, _ := r.Price(now, q)
+		q.SustainS = 60
+		held, _ := r.Price(now, q)
+		backlog := held[0].QueueWaitS - alone[0].QueueWaitS
+		if want := max(0, lambda-1) * 60; math.Abs(backlog-want) > 0.01 || (backlog > 0) != tc.short {
+			t.Errorf("arrivals every %.2f s (%.3f/s) against one a second: held 60 s the probe waits %.2f s more, want %.2f", tc.gap, lambda, backlog, want)
+		}
+		if tc.short && held[0].TTFTRatio < alone[0].TTFTRatio+backlog/r.slo.TTFTS-0.01 {
+			t.Errorf("the backlog is not in the TTFT ratio: %.2f held, %.2f alone", held[0].TTFTRatio, alone[0].TTFTRatio)
+		}
+	}
+}
+
+// Pricing gives a decode engine the local share of the steady state its demand leads to, not
+// of its streams now: the output asked of it brings rate · limit streams at the limit's step
+// (limit: half the 50 ms TPOT SLO), whose step leaves local prefill less. With no output asked
+// (a donor whose streams only drain) its streams now are all it carries.
+func TestLocalShareAtSteadyState(t *testing.T) {
+	r := testRouter(t, config.Default(), "p prefill", "d decode")
+	e := &r.engines[r.byID["d"]]
+	for _, tc := range []struct {
+		rate float64 // output tokens a second asked of it
+		want float64
+	}{
+		{0, 0.75},     // 10 streams of 2,000 KV tokens: a step of 5.4 ms against 25 ms
+		{100, 0.75},   // 2.5 streams at the limit: its 10 now carry more
+		{4000, 0.45},  // 100 streams: a step of 13.5 ms
+		{20000, 0.00}, // its fullest batch, 256 streams, steps 27 ms: nothing to spare
+	} {
+		if got := r.localShare(e, 10, 20000, tc.rate); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("asked %g tokens/s: local share %.2f, want %.2f", tc.rate, got, tc.want)
+		}
+	}
+}

@@ -119,15 +119,15 @@ func (r *Router) prefillFree(t float64, i int) float64 {
 // freeAt is prefillFree for any engine, whatever its role (Price asks it of a decode engine
 // priced as prefill): its dispatched prefill work, plus its decode residents' remaining work —
 // with local prefill only the part their spare time does not cover: it prefills beside them
-// at the share of its time they spare (localShare, no new stream coming to it).
+// at the share of its time they spare (localShare with no output asked of it: no new stream
+// comes to it, and its streams may slow to the limit).
 func (r *Router) freeAt(t float64, i int) float64 {
 	end := r.drainEnd(t, i)
 	e := &r.engines[i]
 	if e.streams == 0 {
 		return end
 	}
-	out := float64(r.expectedOutput())
-	if share := r.localShare(e, e.stepSeconds(e.streams, e.kv), e.streams, e.kv, e.outputRate(e.localWorkAt(t, out), out)); share > 0 {
+	if share := r.localShare(e, e.streams, e.kv, 0); share > 0 {
 		free := max(t, e.busyUntil) + e.foreignPrefillLeft(t)
 		return free + (end-free)*(1-share)
 	}
@@ -523,20 +523,27 @@ func (r *Router) localLimit(step, busy float64) float64 {
 	return min(r.slo.TPOTS*localTPOTShare, step/busy) // an idle engine (busy 0) spares all
 }
 
-// busyShare is the share of e's time rate output tokens a second take at its fullest batch:
-// its streams, or its KV cache at the KV per stream of streams streams reserving kv tokens,
-// full (1 or more: it cannot carry them).
+// busyShare is the share of e's time rate output tokens a second take at its fullest batch
+// (fullBatch of streams streams reserving kv tokens; 1 or more: it cannot carry them).
 func (e *engine) busyShare(rate float64, streams int, kv int64) float64 {
-	d := e.prof.Decode
-	full := float64(d.MaxStreams)
-	perKV := float64(kv) / float64(max(streams, 1))
-	if perKV > 0 && float64(d.MaxKVTokens) < full*perKV {
-		full = float64(d.MaxKVTokens) / perKV
-	}
+	full, perKV := e.fullBatch(streams, kv)
 	if full < 1 {
 		return 1
 	}
 	return rate * e.stepSeconds(int(full), int64(full*perKV)) / full
+}
+
+// fullBatch is the most streams e decodes at once at the KV per stream of streams streams
+// reserving kv tokens (max_streams, or fewer when its KV cache fills first), and that KV per
+// stream.
+func (e *engine) fullBatch(streams int, kv int64) (full, perKV float64) {
+	d := e.prof.Decode
+	full = float64(d.MaxStreams)
+	perKV = float64(kv) / float64(max(streams, 1))
+	if perKV > 0 && float64(d.MaxKVTokens) < full*perKV {
+		full = float64(d.MaxKVTokens) / perKV
+	}
+	return full, perKV
 }
 
 // localCost is what a local prefill of work prefill seconds costs an engine whose streams need
