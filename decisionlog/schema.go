@@ -181,8 +181,9 @@ type Priced struct {
 	Current      bool   `json:"current"`
 	Move         string `json:"move,omitempty"` // the engine this candidate moves
 	RequestTTFTS *Ratio `json:"request_ttft_s,omitempty"`
-	// QueueWaitS is the mean wait of Poisson arrivals at the split's prefill pool that the
-	// probe's TTFT, and so ttft_ratio, includes (docs/role-control.md section 3).
+	// QueueWaitS is the mean wait of Poisson arrivals at the split's prefill pool, and the
+	// backlog a shortfall of the pool builds over thresholds.dwell_s, that the probe's TTFT,
+	// and so ttft_ratio, includes (docs/role-control.md section 3).
 	QueueWaitS Ratio `json:"queue_wait_s"`
 	// Settled counts the waiting requests projected the same under every split of the pass,
 	// which ttft_ratio leaves out (docs/role-control.md section 3).

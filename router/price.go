@@ -24,8 +24,8 @@ type Pricing struct {
 	Worst     float64 // max of the two
 	// ProbeTTFT is the projected TTFT of a request of mean size arriving after stepS, behind
 	// the waiting set and the priced demand of that horizon, plus QueueWaitS, the mean wait of
-	// Poisson arrivals of the priced demand at the split's prefill pool (docs/role-control.md
-	// section 3).
+	// Poisson arrivals of the priced demand at the split's prefill pool and the backlog a
+	// shortfall of that pool builds over Query.SustainS (docs/role-control.md section 3).
 	ProbeTTFT, QueueWaitS float64
 	// RequestTTFT is the projected TTFT of Query.Request under the split: the waiting set
 	// ahead of it list-scheduled in FIFO order, then it, then the handoff (docs/role-control.md
