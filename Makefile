@@ -27,10 +27,17 @@ LLMD_SIDECAR         ?= $(LLMD_DIR)/pd-sidecar-$(LLMD_SIDECAR_VERSION)
 
 all: build
 
-build:
+build: $(BIN)/narwhal
+
+# The binary is rebuilt only when a file it is built from is newer (its Go sources, the two
+# files it embeds, go.mod and go.sum): make run starts at once from one already built, even
+# with Go's build cache gone.
+SOURCES := $(shell find . \( -path ./bin -o -path ./internal/kubeapiserver -o -path ./internal/llmd -o -path ./.git \) -prune -o \
+	\( -name '*.go' ! -name '*_test.go' -o -name index.html -o -name default.yaml \) -print) go.mod go.sum
+$(BIN)/narwhal: $(SOURCES)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/narwhal ./cmd/narwhal
 
-run: prereqs-run build
+run: prereqs-run $(BIN)/narwhal
 	./scripts/run-local.sh $(BIN)/narwhal
 
 # One line for each prerequisite missing (README, "Two commands"), before anything is built.
