@@ -110,9 +110,13 @@ func TestServeXDSEndToEnd(t *testing.T) {
 	awaitEDS(t, eds, "e3 unhealthy", func(g map[string]map[string]string) bool {
 		return g["narwhal-decode"]["e3"] == "UNHEALTHY" && g["narwhal-engines"]["e3"] == "UNHEALTHY"
 	})
-	resp, err := httpPost("http://" + admin + "/narwhal/engines/e4/drain")
+	// e4 is now the last live decode engine: its drain is refused (the decode floor) unless forced.
+	if resp, err := httpPost("http://" + admin + "/narwhal/engines/e4/drain"); err != nil || resp != 409 {
+		t.Fatalf("drain of the last live decode engine: %d %v, want 409", resp, err)
+	}
+	resp, err := httpPost("http://" + admin + "/narwhal/engines/e4/drain?force=true")
 	if err != nil || resp != 200 {
-		t.Fatalf("drain: %d %v", resp, err)
+		t.Fatalf("forced drain: %d %v", resp, err)
 	}
 	awaitEDS(t, eds, "e4 draining", func(g map[string]map[string]string) bool {
 		return g["narwhal-decode"]["e4"] == "DRAINING" && g["narwhal-engines"]["e4"] == "DRAINING"
