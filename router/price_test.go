@@ -13,22 +13,8 @@ import (
 // Issue 8: priced demand is injected in expectation, fractions included: 1.9 requests/s over a
 // 0.5 s step injects 0.95 of a request (before, none), which delays the probe behind it.
 func TestPriceInjectsFractionalDemand(t *testing.T) {
-	cfg := config.Default()
-	p := cfg.Profiles[config.DefaultProfileName]
-	p.Prefill = &config.PrefillCurve{BaseS: 1, MaxTokens: 16384} // one second a prompt
-	cfg.Profiles[config.DefaultProfileName] = p
-	r := testRouter(t, cfg, "p prefill", "d decode")
-	for k := 0; k < 19; k++ { // 1.9 requests/s over the 10 s short horizon, each done at once
-		o := r.Offer(at(float64(k)*0.5), Offer{ID: "r", PromptTokens: 100, MaxTokens: 1})
-		if o.Status != Dispatched {
-			t.Fatalf("offer %d: %+v", k, o)
-		}
-		_ = r.FirstToken(at(float64(k)*0.5), o.Handle)
-		_ = r.Complete(at(float64(k)*0.5), o.Handle, 1)
-	}
-	for i := range r.engines { // the instant first tokens taught a correction; price the curve
-		r.engines[i].corr = [2]float64{1, 1}
-	}
+	r := testRouter(t, oneSecondPrompts(config.Default().Router.LocalPrefill), "p prefill", "d decode")
+	offerEvery(t, r, 0.5, 19) // 1.9 requests/s over the 10 s short horizon
 	now := at(10)
 	if d := r.Demand(now).Priced; d.ArrivalsPerS < 1.85 || d.ArrivalsPerS > 1.95 {
 		t.Fatalf("priced demand %+v, want 1.9 arrivals/s", d)
@@ -387,12 +373,7 @@ func TestPriceCountsLocalPrefill(t *testing.T) {
 		sglang bool
 		local  bool
 	}{{config.LocalPrefillAuto, false, true}, {config.LocalPrefillOff, false, false}, {config.LocalPrefillAuto, true, false}} {
-		cfg := config.Default()
-		cfg.Router.LocalPrefill = tc.mode
-		p := cfg.Profiles[config.DefaultProfileName]
-		p.Prefill = &config.PrefillCurve{BaseS: 1, MaxTokens: 16384} // one second a prompt
-		cfg.Profiles[config.DefaultProfileName] = p
-		r := testRouter(t, cfg, "p prefill", "d decode")
+		r := testRouter(t, oneSecondPrompts(tc.mode), "p prefill", "d decode")
 		if tc.sglang {
 			r.engines[r.byID["d"]].inPlace = true
 		}
@@ -434,24 +415,8 @@ func TestPriceShortfallHeld(t *testing.T) {
 		gap   float64 // seconds between arrivals
 		short bool
 	}{{0.8, true}, {1.25, false}} {
-		cfg := config.Default()
-		cfg.Router.LocalPrefill = config.LocalPrefillOff
-		p := cfg.Profiles[config.DefaultProfileName]
-		p.Prefill = &config.PrefillCurve{BaseS: 1, MaxTokens: 16384} // one second a prompt
-		cfg.Profiles[config.DefaultProfileName] = p
-		r := testRouter(t, cfg, "p prefill", "d decode")
-		n := 0
-		for ; float64(n)*tc.gap < 10; n++ {
-			o := r.Offer(at(float64(n)*tc.gap), Offer{ID: "r", PromptTokens: 100, MaxTokens: 1})
-			if o.Status != Dispatched {
-				t.Fatalf("offer %d: %+v", n, o)
-			}
-			_ = r.FirstToken(at(float64(n)*tc.gap), o.Handle)
-			_ = r.Complete(at(float64(n)*tc.gap), o.Handle, 1)
-		}
-		for i := range r.engines { // the instant first tokens taught a correction; price the curve
-			r.engines[i].corr = [2]float64{1, 1}
-		}
+		r := testRouter(t, oneSecondPrompts(config.LocalPrefillOff), "p prefill", "d decode")
+		offerEvery(t, r, tc.gap, int(math.Ceil(10/tc.gap))) // over the 10 s short horizon
 		now := at(10)
 		lambda := r.Demand(now).Priced.ArrivalsPerS
 		q := Query{Splits: []Split{r.CurrentSplit()}, StepS: 5}
@@ -487,5 +452,34 @@ func TestLocalShareAtSteadyState(t *testing.T) {
 		if got := r.localShare(e, 10, 20000, tc.rate); math.Abs(got-tc.want) > 1e-9 {
 			t.Errorf("asked %g tokens/s: local share %.2f, want %.2f", tc.rate, got, tc.want)
 		}
+	}
+}
+
+// oneSecondPrompts is the default config with a prefill curve of one second a prompt, whatever
+// its size, and router.local_prefill mode.
+func oneSecondPrompts(mode string) *config.Config {
+	cfg := config.Default()
+	cfg.Router.LocalPrefill = mode
+	p := cfg.Profiles[config.DefaultProfileName]
+	p.Prefill = &config.PrefillCurve{BaseS: 1, MaxTokens: 16384}
+	cfg.Profiles[config.DefaultProfileName] = p
+	return cfg
+}
+
+// offerEvery offers n requests of 100 prompt tokens and one output token gap seconds apart from
+// the epoch, each done at once, so that they leave only the demand they make; then it resets
+// the corrections their instant first tokens taught, so that pricing prices the curves.
+func offerEvery(t *testing.T, r *Router, gap float64, n int) {
+	t.Helper()
+	for k := range n {
+		o := r.Offer(at(float64(k)*gap), Offer{ID: "r", PromptTokens: 100, MaxTokens: 1})
+		if o.Status != Dispatched {
+			t.Fatalf("offer %d: %+v", k, o)
+		}
+		_ = r.FirstToken(at(float64(k)*gap), o.Handle)
+		_ = r.Complete(at(float64(k)*gap), o.Handle, 1)
+	}
+	for i := range r.engines {
+		r.engines[i].corr = [2]float64{1, 1}
 	}
 }

@@ -75,10 +75,9 @@ func TestLoadCommand(t *testing.T) {
 	}
 }
 
-// The workload `make run` plays makes the controller act within its first two minutes, and the
-// move pays: narwhal sim, on the same workload and the embedded default, shows a role change by
-// 120 s and an attainment above the fleet left alone (the README's first look promises both).
-func TestRunWorkloadMoves(t *testing.T) {
+// runWorkload is the workload `make run` plays: the flags of scripts/run-local.sh's workload=(...).
+func runWorkload(t *testing.T) []string {
+	t.Helper()
 	b, err := os.ReadFile("../../scripts/run-local.sh")
 	if err != nil {
 		t.Fatal(err)
@@ -87,8 +86,15 @@ func TestRunWorkloadMoves(t *testing.T) {
 	if m == nil {
 		t.Fatal("run-local.sh has no workload=(...) line")
 	}
+	return strings.Fields(string(m[1]))
+}
+
+// The workload `make run` plays makes the controller act within its first two minutes, and the
+// move pays: narwhal sim, on the same workload and the embedded default, shows a role change by
+// 120 s and an attainment above the fleet left alone (the README's first look promises both).
+func TestRunWorkloadMoves(t *testing.T) {
 	report := filepath.Join(t.TempDir(), "r.json")
-	args := append([]string{"sim"}, strings.Fields(string(m[1]))...)
+	args := append([]string{"sim"}, runWorkload(t)...)
 	args = append(args, "--policy", "narwhal,static", "--window-s", "30", "--report", report)
 	if out, code := runBin(t, args...); code != 0 {
 		t.Fatalf("sim %v: exit %d\n%s", args, code, out)
@@ -103,7 +109,7 @@ func TestRunWorkloadMoves(t *testing.T) {
 			} `json:"windows"`
 		} `json:"policies"`
 	}
-	if b, err = os.ReadFile(report); err != nil || json.Unmarshal(b, &rep) != nil || len(rep.Policies) != 2 {
+	if b, err := os.ReadFile(report); err != nil || json.Unmarshal(b, &rep) != nil || len(rep.Policies) != 2 {
 		t.Fatalf("report %v: %s", err, b)
 	}
 	nw, static := rep.Policies[0], rep.Policies[1]

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -132,19 +131,11 @@ func TestPage(t *testing.T) {
 // after — with no axis label twice on a chart and no console error. make screenshot writes it
 // to bin/page.png (NARWHAL_SCREENSHOT names the file); docs/page.png is a copy of one.
 func TestPageDemo(t *testing.T) {
-	b, err := os.ReadFile("../../scripts/run-local.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`(?m)^workload=\((.*)\)$`).FindSubmatch(b)
-	if m == nil {
-		t.Fatal("run-local.sh has no workload=(...) line")
-	}
 	_, engines := startEngines(t, "prefill", "prefill", "decode", "decode")
 	cfg := writeConfig(t, e2eConfig(anyPort, anyPort, anyPort, engines))
 	adminAddr, extprocAddr, _ := start(t, "serve", "--config", cfg).serving(t)
 	waitFor(t, adminAddr, 10*time.Second, "four active engines", allActive(4))
-	start(t, append([]string{"load", "--config", cfg, "--extproc", extprocAddr, "--admin", "http://" + adminAddr}, strings.Fields(string(m[1]))...)...)
+	start(t, append([]string{"load", "--config", cfg, "--extproc", extprocAddr, "--admin", "http://" + adminAddr}, runWorkload(t)...)...)
 
 	ctx := browser(t)
 	problems := consoleProblems(t, ctx)
