@@ -93,6 +93,66 @@ func TestCorrectionUnderLoad(t *testing.T) {
 	}
 }
 
+// Issue 36: a handed-off request joins its decode engine's batch at the next step boundary,
+// half a step on average after its KV lands, and its first token comes a step later; the
+// handoff prices that one step. The wait for the boundary is not prefill: on an idle prefill
+// engine (no queue to take turns with) feeding a decode engine whose step is most of a prompt's
+// prefill, the factor averages within 5% of the true 1 (counted as prefill, 1.25 here).
+func TestCorrectionStepAlignment(t *testing.T) {
+	cfg := config.Default()
+	cfg.Router.LocalPrefill = config.LocalPrefillOff
+	r := testRouter(t, cfg, "p prefill", "d decode")
+	prof := cfg.Profiles[config.DefaultProfileName]
+	rng := rand.New(rand.NewPCG(36, 1))
+	sum, n := 0.0, 0
+	for i := range 240 {
+		now := float64(i)*0.25 + 0.1*rng.Float64() // an idle engine: the prefill is done long before the next
+		o := r.Offer(at(now), Offer{ID: "r", PromptTokens: 1024, MaxTokens: 1000})
+		if o.Status != Dispatched || o.Placement.Kind != Disaggregated {
+			t.Fatalf("request %d: %+v", i, o)
+		}
+		d := &r.engines[1]
+		step := prof.Decode.StepSeconds(d.streams, int(d.kv))
+		landed := now + prof.Prefill.Seconds(1024) + prof.KVTransferS
+		first := (math.Floor(landed/step) + 2) * step // the boundary after it, then one step
+		if err := r.FirstToken(at(first), o.Handle); err != nil {
+			t.Fatal(err)
+		}
+		if i >= 60 { // the decode batch built up (one stream more each): steps of tens of ms
+			sum, n = sum+r.engines[0].corr[0], n+1
+		}
+	}
+	if mean := sum / float64(n); math.Abs(mean-1) > 0.05 {
+		t.Fatalf("mean prefill factor %.3f for a true 1 (decode step at the end %.1f ms, prefill %.1f ms)", mean,
+			1000*prof.Decode.StepSeconds(r.engines[1].streams, int(r.engines[1].kv)), 1000*prof.Prefill.Seconds(1024))
+	}
+}
+
+// Issue 36: a first token its decode engine gave from a step widened by a local prefill's chunk
+// is no prefill sample: while the decode engine's local work runs, a handed-off request leaves
+// the prefill engine's factor and sample count as they were; after it, it counts.
+func TestCorrectionSkipsLocalChunks(t *testing.T) {
+	cfg := config.Default()
+	cfg.Router.LocalPrefill = config.LocalPrefillOff
+	r := testRouter(t, cfg, "p prefill", "d decode")
+	r.engines[1].localUntil = 5 // d prefills locally until 5 s
+	for i, now := range []float64{1, 6} {
+		o := r.Offer(at(now), Offer{ID: "r", PromptTokens: 1024, MaxTokens: 10})
+		if o.Status != Dispatched {
+			t.Fatalf("at %v s: %+v", now, o)
+		}
+		if err := r.FirstToken(at(now+0.5), o.Handle); err != nil { // slow: a widened step
+			t.Fatal(err)
+		}
+		if got := r.engines[0].samples[0]; got != i {
+			t.Fatalf("after the first token at %v s: %d prefill samples, want %d", now+0.5, got, i)
+		}
+	}
+	if c := r.engines[0].corr[0]; c <= 1 {
+		t.Fatalf("the sample after the local work left the factor at %.3f", c)
+	}
+}
+
 // Issue 8: a factor that keeps its engine from getting traffic cannot starve it for long:
 // without samples it decays toward 1 (halfway every correctionHalfLifeS), and the engine takes
 // placements again once it prices below the loaded one.

@@ -72,10 +72,19 @@ func (r *Router) endPrefill(t float64, e *entry, observed bool) {
 		// Like with like: the prefill ran from when the engine was free of the prefill before
 		// it (an engine prefills in FIFO order) or its dispatch, to its first token less the
 		// handoff; the waiting on the engine is not prefill time.
-		// Foreign prefill work on the engine (Observe) is not this one's either.
-		end := t - e.handoff
-		if e.curveDur > 0 && !e.mixed && p.obs.foreignUntil <= e.dispatchAt {
-			r.correct(p, 0, (end-max(e.dispatchAt, p.prefillEnd))/e.curveDur)
+		// Foreign prefill work on the engine (Observe) is not this one's either; nor is a
+		// first token its decode engine gave from a step widened by a local prefill's chunk
+		// (the handoff prices a plain step, and the decode correction skips such streams too).
+		// A handed-off request joins its decode engine's batch at the next step boundary, half
+		// a step on average after its KV lands: that wait is not prefill time either.
+		end, sample := t-e.handoff, e.curveDur > 0 && !e.mixed && p.obs.foreignUntil <= e.dispatchAt
+		if !e.aggregate && e.prefill != e.decode {
+			d := &r.engines[e.decode]
+			end -= 0.5 * e.curveStep * d.corr[1]
+			sample = sample && d.localUntil <= end
+		}
+		if sample {
+			r.correct(p, 0, end-max(e.dispatchAt, p.prefillEnd), e.curveDur)
 		}
 		p.prefillEnd = max(p.prefillEnd, end)
 		if !e.aggregate && e.prefill != e.decode {
@@ -91,14 +100,25 @@ func (r *Router) endPrefill(t float64, e *entry, observed bool) {
 	r.awaitingOutput -= e.output
 }
 
-// correct folds one observed/curve factor into an engine's correction for a phase.
-func (r *Router) correct(e *engine, ph int, factor float64) {
-	if math.IsNaN(factor) || math.IsInf(factor, 0) {
+// correct folds one sample, observed seconds against the curve's, into an engine's correction
+// for a phase: the factor is the ratio of their sums, each an EWMA of correctionEWMA per sample
+// (the first sample after a start or a restore takes the factor as its prior, at its own
+// weight). A ratio of sums, not a mean of ratios: each sample weighs as the curve seconds it
+// covers, so the factor prices the engine's time (a long prompt holds it longer than a short
+// one), and a short prompt, whose observed prefill is mostly the noise of when its first token
+// came (the decode step it waited for), moves it little (docs/role-control.md section 4).
+func (r *Router) correct(e *engine, ph int, observed, curve float64) {
+	factor := observed / curve
+	if math.IsNaN(factor) || math.IsInf(factor, 0) || curve <= 0 {
 		return
 	}
-	factor = min(max(factor, minCorrection), maxCorrection)
-	c := (1-correctionEWMA)*e.corr[ph] + correctionEWMA*factor
-	e.corr[ph] = min(max(c, minCorrection), maxCorrection)
+	observed = curve * min(max(factor, minCorrection), maxCorrection)
+	if e.curveSum[ph] <= 0 {
+		e.curveSum[ph] = curve
+	}
+	sum := (1-correctionEWMA)*e.curveSum[ph] + correctionEWMA*curve
+	c := ((1-correctionEWMA)*e.corr[ph]*e.curveSum[ph] + correctionEWMA*observed) / sum
+	e.corr[ph], e.curveSum[ph] = min(max(c, minCorrection), maxCorrection), sum
 	e.samples[ph]++
 }
 
@@ -144,7 +164,7 @@ func (r *Router) Complete(now time.Time, h Handle, outputTokens int) error {
 	// A stream whose engine prefilled locally while it decoded had its steps widened by that
 	// work, which local placement prices itself (localStep): it is no sample of the decode curve.
 	if d := &r.engines[e.decode]; e.phase == phaseDecoding && !e.timedOut && !e.nonStream && out >= 2 && e.curveStep > 0 && d.localUntil <= e.firstAt {
-		r.correct(d, 1, (t-e.firstAt)/float64(out-1)/e.curveStep)
+		r.correct(d, 1, (t-e.firstAt)/float64(out-1), e.curveStep)
 	}
 	r.engines[r.destination(e)].failStreak = 0
 	r.counters.Completed++

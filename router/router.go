@@ -19,8 +19,9 @@ import (
 	"github.com/narwhal-llm/narwhal/fleet"
 )
 
-// The online profile correction (docs/role-control.md section 4): each sample is an observed/curve
-// factor, folded in with weight correctionEWMA and clamped to [minCorrection, maxCorrection].
+// The online profile correction (docs/role-control.md section 4): a ratio of sums, observed
+// seconds over the curve's, each sample folded into both with weight correctionEWMA, the
+// factor clamped to [minCorrection, maxCorrection].
 // Without samples a factor decays toward 1, halfway every correctionHalfLifeS (applied every
 // decayEveryS), so that a factor that keeps its engine from getting traffic cannot starve it
 // for long: from the bound 4 it is within 10% of 1 after about 5 half-lives.
@@ -78,6 +79,7 @@ type engine struct {
 	live       bool
 	prof       config.Profile
 	corr       [2]float64 // prefill, decode correction factors
+	curveSum   [2]float64 // the curve seconds behind each factor, weighted as its samples (0: none since a restore)
 	samples    [2]int
 	prefilling int  // prefill residents: dispatched here, no first token yet
 	both       int  // those of them that decode here too (aggregate or local): one request, counted once in its load
