@@ -78,7 +78,8 @@ func (r *Router) endPrefill(t float64, e *entry, observed bool) {
 		// A handed-off request joins its decode engine's batch at the next step boundary, half
 		// a step on average after its KV lands: that wait is not prefill time either.
 		end, sample := t-e.handoff, e.curveDur > 0 && !e.mixed && p.obs.foreignUntil <= e.dispatchAt
-		if !e.aggregate && e.prefill != e.decode {
+		handed := !e.aggregate && e.prefill != e.decode
+		if handed {
 			d := &r.engines[e.decode]
 			end -= 0.5 * e.curveStep * d.corr[1]
 			sample = sample && d.localUntil <= end
@@ -87,7 +88,7 @@ func (r *Router) endPrefill(t float64, e *entry, observed bool) {
 			r.correct(p, 0, end-max(e.dispatchAt, p.prefillEnd), e.curveDur)
 		}
 		p.prefillEnd = max(p.prefillEnd, end)
-		if !e.aggregate && e.prefill != e.decode {
+		if handed {
 			r.handedOff(p, &r.engines[e.decode])
 		}
 	}

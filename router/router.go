@@ -79,7 +79,7 @@ type engine struct {
 	live       bool
 	prof       config.Profile
 	corr       [2]float64 // prefill, decode correction factors
-	curveSum   [2]float64 // the curve seconds behind each factor, weighted as its samples (0: none since a restore)
+	curveSum   [2]float64 // the curve seconds behind each factor, weighted as its samples (0: no sample yet)
 	samples    [2]int
 	prefilling int  // prefill residents: dispatched here, no first token yet
 	both       int  // those of them that decode here too (aggregate or local): one request, counted once in its load
