@@ -478,6 +478,14 @@ func (c *Controller) countMotives(p0 router.Pricing) decisionlog.Confirmed {
 // consolidate for (docs/role-control.md section 5). Without this, a fleet between bursts traded
 // engines for gains of a few milliseconds on ratios far under the SLO, and met the next burst
 // with a lopsided split (narwhal sim --synthetic onoff).
+//
+// A pressure also motivates the move the other way when that move's split lowers the pressed
+// ratio: decode engines prefill locally (router.local_prefill), and a decode pool short of KV
+// room holds handoffs, so one more decode engine can bring first tokens sooner than one more
+// prefill engine (a 2P/2D fleet whose decode pool could not hold a step in load, priced 1P/3D at
+// half 2P/2D's TTFT ratio and never moved: to_decode was not motivated). Such a move toward
+// decode is confirmed over confirm_passes passes of the prefill pressure, as any move toward
+// decode is (docs/role-control.md section 5, "Relieved the other way").
 func (c *Controller) chooseRegular(s *state, d *decisionlog.Decision, rp regularPrices, conf decisionlog.Confirmed) (best *candidate, motives []decisionlog.Direction) {
 	th := c.cfg.Thresholds
 	p0, n := rp.current, th.ConfirmPasses
@@ -503,9 +511,11 @@ func (c *Controller) chooseRegular(s *state, d *decisionlog.Decision, rp regular
 		improves := lower(cand.worst, cand.price.Overload, p0.Worst, p0.Overload, c.gainFor(cand, p0))
 		var motivated bool
 		if dir == ToPrefill {
-			motivated = conf.PrefillExpand >= 1 || consolidate && conf.PrefillConsolidate >= n && improves
+			motivated = conf.PrefillExpand >= 1 || consolidate && conf.PrefillConsolidate >= n && improves ||
+				conf.DecodeExpand >= n && cand.price.TPOTRatio < p0.TPOTRatio
 		} else {
-			motivated = conf.DecodeExpand >= n || consolidate && conf.DecodeConsolidate >= n && improves
+			motivated = conf.DecodeExpand >= n || consolidate && conf.DecodeConsolidate >= n && improves ||
+				conf.PrefillExpand >= 1 && cand.price.TTFTRatio < p0.TTFTRatio
 		}
 		if motivated {
 			motives = append(motives, dir)
@@ -790,6 +800,9 @@ func (c *Controller) gates(s *state, cand *candidate, p0 router.Pricing, caller 
 		add(decisionlog.GateCooldown, since >= th.CooldownS, "last move toward decode %s ago, cooldown %gs", seconds(since), th.CooldownS)
 		if caller == decisionlog.CallerRegular {
 			n := max(c.conf.DecodeExpand, c.conf.DecodeConsolidate)
+			if cand.price.TTFTRatio < p0.TTFTRatio { // prefill pressure relieved toward decode (chooseRegular)
+				n = max(n, c.conf.PrefillExpand)
+			}
 			add(decisionlog.GateConfirmation, n >= th.ConfirmPasses, "%d consecutive passes, need %d", n, th.ConfirmPasses)
 		}
 		return gs

@@ -18,14 +18,21 @@ import (
 type poolView struct {
 	fixed, load float64
 	overload    float64 // every split's decode overload
-	engines     []string
-	loads       map[string]router.EngineLoad // by id; others idle
+	// byDecode prices the load over the decode pool instead (first tokens held by a decode pool
+	// short of room, or brought sooner by its local prefill).
+	byDecode bool
+	engines  []string
+	loads    map[string]router.EngineLoad // by id; others idle
 }
 
 func (v poolView) Price(_ time.Time, q router.Query) ([]router.Pricing, bool) {
 	ps := make([]router.Pricing, len(q.Splits))
 	for i, s := range q.Splits {
-		ttft := v.fixed + v.load/float64(len(s.Prefill))
+		pool := len(s.Prefill)
+		if v.byDecode {
+			pool = len(s.Decode)
+		}
+		ttft := v.fixed + v.load/float64(pool)
 		ps[i] = router.Pricing{TTFTRatio: ttft, TPOTRatio: 0.1, Worst: ttft, Overload: max(v.overload, 0.1)}
 	}
 	return ps, true
@@ -67,9 +74,34 @@ func TestGainScalesWithThePool(t *testing.T) {
 	}
 }
 
+// TestPressureRelievedTowardDecode: prefill pressure that one more decode engine relieves (the
+// ratio priced over the decode pool) motivates the move toward decode, which waits for
+// confirm_passes passes of that pressure as any move toward decode does (docs/role-control.md
+// section 5, "Relieved the other way"). Before, only a move toward prefill was motivated, none
+// improved, and the 2P/2D fleet never moved.
+func TestPressureRelievedTowardDecode(t *testing.T) {
+	ds := regularPasses(t, 2, 2, poolView{load: 2 * 1.5, byDecode: true}, 3)
+	want := []string{
+		"blocked: to_decode: worst 1.500 -> 1.000; blocked by confirmation",
+		"blocked: to_decode: worst 1.500 -> 1.000; blocked by confirmation",
+		"moved: to_decode: worst 1.500 -> 1.000",
+	}
+	for i, d := range ds {
+		if got := fmt.Sprintf("%s: %s", d.Outcome, d.Reason); got != want[i] {
+			t.Errorf("regular pass %d (decision %d): %s, want %s", i+1, d.Seq, got, want[i])
+		}
+	}
+}
+
 // firstRegularPass runs a controller at the defaults (evidence at once) on a fleet of prefill
 // engines e1… then decode engines, priced by v, up to its first regular pass, and returns it.
 func firstRegularPass(t *testing.T, prefill, decode int, v poolView) decisionlog.Decision {
+	t.Helper()
+	return regularPasses(t, prefill, decode, v, 1)[0]
+}
+
+// regularPasses is firstRegularPass for the first n regular passes.
+func regularPasses(t *testing.T, prefill, decode int, v poolView, n int) []decisionlog.Decision {
 	t.Helper()
 	cfg := config.Default()
 	cfg.Controller.Reactive.EvidenceMinArrivals = 0
@@ -91,18 +123,22 @@ func firstRegularPass(t *testing.T, prefill, decode int, v poolView) decisionlog
 		t.Fatal(err)
 	}
 	c := New(cfg, epoch)
-	for range 10 {
+	var ds []decisionlog.Decision
+	for range 10 * n {
 		d, ok := c.Tick(c.NextDeadline(), fl.Snapshot(), v)
 		if !ok { // a monitor pass with nothing to do
 			continue
 		}
-		c.Applied(d)
-		if d.Caller == decisionlog.CallerRegular {
-			return d
+		c.Applied(d) // the fleet stays as it was: a test of several passes ends at its first move
+		if d.Caller != decisionlog.CallerRegular {
+			continue
+		}
+		if ds = append(ds, d); len(ds) == n {
+			return ds
 		}
 	}
-	t.Fatal("no regular pass in ten deadlines")
-	return decisionlog.Decision{}
+	t.Fatalf("%d regular passes in %d deadlines, want %d", len(ds), 10*n, n)
+	return nil
 }
 
 // TestHeldDonor: a move toward prefill that no candidate improves, every decode engine still
