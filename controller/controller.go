@@ -362,6 +362,12 @@ func (c *Controller) evaluateRegular(s *state) decisionlog.Decision {
 	if math.IsInf(p0.Worst, 1) && math.IsInf(best.worst, 1) {
 		d.Reason += fmt.Sprintf(" (decode overload %.3f -> %.3f)", p0.Overload, best.price.Overload)
 	}
+	switch { // relieved the other way (chooseRegular)
+	case best.dir == ToDecode && conf.PrefillExpand >= 1 && best.price.TTFTRatio < p0.TTFTRatio:
+		d.Reason += fmt.Sprintf(" (prefill pressure relieved: ttft_ratio %.3f -> %.3f)", p0.TTFTRatio, best.price.TTFTRatio)
+	case best.dir == ToPrefill && conf.DecodeExpand >= th.ConfirmPasses && best.price.TPOTRatio < p0.TPOTRatio:
+		d.Reason += fmt.Sprintf(" (decode pressure relieved: tpot_ratio %.3f -> %.3f)", p0.TPOTRatio, best.price.TPOTRatio)
+	}
 	if best.donor.InPlace {
 		d.Reason += fmt.Sprintf(" (%.3f weighing the drain of %s, which switches in place)", best.worst, best.donor.ID)
 	}

@@ -82,9 +82,9 @@ func TestGainScalesWithThePool(t *testing.T) {
 func TestPressureRelievedTowardDecode(t *testing.T) {
 	ds := regularPasses(t, 2, 2, poolView{load: 2 * 1.5, byDecode: true}, 3)
 	want := []string{
-		"blocked: to_decode: worst 1.500 -> 1.000; blocked by confirmation",
-		"blocked: to_decode: worst 1.500 -> 1.000; blocked by confirmation",
-		"moved: to_decode: worst 1.500 -> 1.000",
+		"blocked: to_decode: worst 1.500 -> 1.000 (prefill pressure relieved: ttft_ratio 1.500 -> 1.000); blocked by confirmation",
+		"blocked: to_decode: worst 1.500 -> 1.000 (prefill pressure relieved: ttft_ratio 1.500 -> 1.000); blocked by confirmation",
+		"moved: to_decode: worst 1.500 -> 1.000 (prefill pressure relieved: ttft_ratio 1.500 -> 1.000)",
 	}
 	for i, d := range ds {
 		if got := fmt.Sprintf("%s: %s", d.Outcome, d.Reason); got != want[i] {
