@@ -489,10 +489,12 @@ func (c *Controller) countMotives(p0 router.Pricing) decisionlog.Confirmed {
 // ratio: decode engines prefill locally (router.local_prefill), and a decode pool short of KV
 // room holds handoffs, so one more decode engine can bring first tokens sooner than one more
 // prefill engine (a 2P/2D fleet whose decode pool could not hold a step in load, priced 1P/3D at
-// half 2P/2D's TTFT ratio and never moved: to_decode was not motivated). Such a move toward
-// decode is confirmed over confirm_passes passes of the prefill pressure, as any move toward
-// decode is (docs/role-control.md section 5, "Relieved the other way").
+// half 2P/2D's TTFT ratio and never moved: to_decode was not motivated). It is chosen only when
+// no candidate its own motives move to improves, so it never displaces the usual move, and a
+// move toward decode so made is confirmed over confirm_passes passes of the prefill pressure, as
+// any move toward decode is (docs/role-control.md section 5, "Relieved the other way").
 func (c *Controller) chooseRegular(s *state, d *decisionlog.Decision, rp regularPrices, conf decisionlog.Confirmed) (best *candidate, motives []decisionlog.Direction) {
+	var relief *candidate // motivated the other way only (below)
 	th := c.cfg.Thresholds
 	p0, n := rp.current, th.ConfirmPasses
 	consolidate := p0.Worst > th.Shrink
@@ -515,20 +517,27 @@ func (c *Controller) chooseRegular(s *state, d *decisionlog.Decision, rp regular
 		}
 		d.Candidates = append(d.Candidates, pc)
 		improves := lower(cand.worst, cand.price.Overload, p0.Worst, p0.Overload, c.gainFor(cand, p0))
-		var motivated bool
+		var own, other bool // motivated by its own direction's pressures, or by the other pool's
 		if dir == ToPrefill {
-			motivated = conf.PrefillExpand >= 1 || consolidate && conf.PrefillConsolidate >= n && improves ||
-				conf.DecodeExpand >= n && cand.price.TPOTRatio < p0.TPOTRatio
+			own = conf.PrefillExpand >= 1 || consolidate && conf.PrefillConsolidate >= n && improves
+			other = conf.DecodeExpand >= n && cand.price.TPOTRatio < p0.TPOTRatio
 		} else {
-			motivated = conf.DecodeExpand >= n || consolidate && conf.DecodeConsolidate >= n && improves ||
-				conf.PrefillExpand >= 1 && cand.price.TTFTRatio < p0.TTFTRatio
+			own = conf.DecodeExpand >= n || consolidate && conf.DecodeConsolidate >= n && improves
+			other = conf.PrefillExpand >= 1 && cand.price.TTFTRatio < p0.TTFTRatio
 		}
-		if motivated {
+		if own || other {
 			motives = append(motives, dir)
 		}
-		if motivated && improves && (best == nil || lower(cand.worst, cand.price.Overload, best.worst, best.price.Overload, 0)) {
+		switch {
+		case !improves:
+		case own && (best == nil || lower(cand.worst, cand.price.Overload, best.worst, best.price.Overload, 0)):
 			best = cand
+		case !own && other:
+			relief = cand // the adjacent splits are one a direction
 		}
+	}
+	if best == nil {
+		best = relief
 	}
 	return best, motives
 }
