@@ -21,6 +21,7 @@ type poolView struct {
 	// byDecode prices the load over the decode pool instead (first tokens held by a decode pool
 	// short of room, or brought sooner by its local prefill).
 	byDecode bool
+	ttft     map[int]float64 // when set, the ttft_ratio of a split by its prefill engines
 	engines  []string
 	loads    map[string]router.EngineLoad // by id; others idle
 }
@@ -33,6 +34,9 @@ func (v poolView) Price(_ time.Time, q router.Query) ([]router.Pricing, bool) {
 			pool = len(s.Decode)
 		}
 		ttft := v.fixed + v.load/float64(pool)
+		if v.ttft != nil {
+			ttft = v.ttft[len(s.Prefill)]
+		}
 		ps[i] = router.Pricing{TTFTRatio: ttft, TPOTRatio: 0.1, Worst: ttft, Overload: max(v.overload, 0.1)}
 	}
 	return ps, true
@@ -90,6 +94,16 @@ func TestPressureRelievedTowardDecode(t *testing.T) {
 		if got := fmt.Sprintf("%s: %s", d.Outcome, d.Reason); got != want[i] {
 			t.Errorf("regular pass %d (decision %d): %s, want %s", i+1, d.Seq, got, want[i])
 		}
+	}
+}
+
+// TestPressureRelievedTheUsualWayFirst: when the move prefill pressure asks (toward prefill)
+// improves, it is made, even where the move the other way would improve more: that one waits
+// for its confirmation, and chosen first it held the usual move back for as long.
+func TestPressureRelievedTheUsualWayFirst(t *testing.T) {
+	d := firstRegularPass(t, 2, 2, poolView{ttft: map[int]float64{1: 1.0, 2: 1.5, 3: 1.2}})
+	if got, want := fmt.Sprintf("%s: %s", d.Outcome, d.Reason), "moved: to_prefill: worst 1.500 -> 1.200"; got != want {
+		t.Fatalf("decision %d: %s, want %s", d.Seq, got, want)
 	}
 }
 
