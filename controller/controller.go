@@ -315,6 +315,8 @@ type candidate struct {
 	// worst is what the move is judged by: price.Worst, or for a donor that switches in place
 	// the drain-weighted worst (inPlaceWorst).
 	worst float64
+	// relief: chosen for the other pool's pressure, which it relieves (chooseRegular).
+	relief bool
 }
 
 // inPlaceWorst weighs a move of a donor that switches in place (docs/role-control.md section
@@ -362,10 +364,10 @@ func (c *Controller) evaluateRegular(s *state) decisionlog.Decision {
 	if math.IsInf(p0.Worst, 1) && math.IsInf(best.worst, 1) {
 		d.Reason += fmt.Sprintf(" (decode overload %.3f -> %.3f)", p0.Overload, best.price.Overload)
 	}
-	switch { // relieved the other way (chooseRegular)
-	case best.dir == ToDecode && conf.PrefillExpand >= 1 && best.price.TTFTRatio < p0.TTFTRatio:
+	switch {
+	case best.relief && best.dir == ToDecode:
 		d.Reason += fmt.Sprintf(" (prefill pressure relieved: ttft_ratio %.3f -> %.3f)", p0.TTFTRatio, best.price.TTFTRatio)
-	case best.dir == ToPrefill && conf.DecodeExpand >= th.ConfirmPasses && best.price.TPOTRatio < p0.TPOTRatio:
+	case best.relief:
 		d.Reason += fmt.Sprintf(" (decode pressure relieved: tpot_ratio %.3f -> %.3f)", p0.TPOTRatio, best.price.TPOTRatio)
 	}
 	if best.donor.InPlace {
@@ -533,11 +535,11 @@ func (c *Controller) chooseRegular(s *state, d *decisionlog.Decision, rp regular
 		case own && (best == nil || lower(cand.worst, cand.price.Overload, best.worst, best.price.Overload, 0)):
 			best = cand
 		case !own && other:
-			relief = cand // the adjacent splits are one a direction
+			relief = cand // one candidate a direction: none to compare it with
 		}
 	}
-	if best == nil {
-		best = relief
+	if best == nil && relief != nil {
+		best, relief.relief = relief, true
 	}
 	return best, motives
 }
@@ -815,7 +817,7 @@ func (c *Controller) gates(s *state, cand *candidate, p0 router.Pricing, caller 
 		add(decisionlog.GateCooldown, since >= th.CooldownS, "last move toward decode %s ago, cooldown %gs", seconds(since), th.CooldownS)
 		if caller == decisionlog.CallerRegular {
 			n := max(c.conf.DecodeExpand, c.conf.DecodeConsolidate)
-			if cand.price.TTFTRatio < p0.TTFTRatio { // prefill pressure relieved toward decode (chooseRegular)
+			if cand.relief { // chosen for the prefill pressure: its passes confirm it
 				n = max(n, c.conf.PrefillExpand)
 			}
 			add(decisionlog.GateConfirmation, n >= th.ConfirmPasses, "%d consecutive passes, need %d", n, th.ConfirmPasses)
